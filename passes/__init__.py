@@ -1,0 +1,45 @@
+"""The built-in passes. This package is a plugin like any third-party one: it is declared in the
+``pipeline.plugins`` entry-point group of this project's ``pyproject.toml`` and registers its passes,
+plans and invariant checks through the same hooks."""
+from __future__ import annotations
+
+from importlib import resources
+
+import torch.fx
+
+from pipeline import compat, hookimpl
+
+from .capture import Capture
+from .constant_fold import ConstantFold
+from .cse import CommonSubexpressionElimination
+from .dce import DeadCodeElimination
+from .decompose import Decompose, core_aten_check
+from .functionalize import Functionalize
+
+BUILTIN_PASSES = [Capture, Functionalize, Decompose, DeadCodeElimination,
+                  CommonSubexpressionElimination, ConstantFold]
+
+
+@hookimpl
+def pipeline_register_passes() -> list[type]:
+    return list(BUILTIN_PASSES)
+
+
+@hookimpl
+def pipeline_register_plans() -> list[str]:
+    return [str(resources.files("plans"))]
+
+
+def functional_check(gm: torch.fx.GraphModule) -> str | None:
+    """Invariant 'functional': the only in-place ops are write-backs into graph inputs."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and compat.is_mutating(node.target):
+            first = node.args[0] if node.args else None
+            if not (isinstance(first, torch.fx.Node) and first.op == "placeholder"):
+                return f"node {node.name} ({compat.op_name(node.target)}) mutates an intermediate value"
+    return None
+
+
+@hookimpl
+def pipeline_register_invariants() -> dict:
+    return {"functional": functional_check, "core-aten": core_aten_check}

@@ -1,0 +1,208 @@
+"""``capture``: the frontend. Turns a model or function into FX graphs and hands each one to the
+rest of the plan. ``frontend: dynamo`` uses TorchDynamo (guards, graph breaks, recompiles);
+``frontend: export`` uses ``torch.export`` (one whole graph, no Python fallback)."""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Literal
+
+import attrs
+import torch
+
+from pipeline import CaptureContext, CapturePass, GraphCompiler, option, positive
+from pipeline import compat
+from pipeline.errors import GraphBreakError, PipelineError, RecompileError
+
+
+@attrs.frozen
+class CaptureOptions:
+    frontend: Literal["dynamo", "export"] = option(
+        "dynamo", "dynamo: TorchDynamo with guards and graph breaks; export: torch.export, whole graph only.")
+    fullgraph: bool = option(False, "Turn any graph break into an error naming its source line.")
+    dynamic: bool | None = option(
+        None, "Dynamo's dynamic-shape mode: null specializes first and generalizes on a size change; "
+              "false always specializes; true makes sizes symbolic from the start.")
+    recompile_limit: int = option(8, "Most compiled variants per function before the limit is hit.",
+                                  check=positive)
+    on_recompile_limit: Literal["error", "warn"] = option(
+        "error", "error: hitting the recompile limit raises; warn: Dynamo warns and runs eagerly.")
+    stance: Literal["default", "force_eager", "eager_on_recompile", "fail_on_recompile"] = option(
+        "default", "torch.compiler stance applied to every call of the compiled model.")
+    strict: bool = option(False, "export only: use strict (Dynamo-based) export tracing.")
+
+
+class Capture(CapturePass):
+    """Capture graphs with Dynamo (guards, graph breaks, recompiles) or torch.export."""
+
+    name = "capture"
+    Options = CaptureOptions
+    version = "1"
+    provides = frozenset({"captured"})
+
+    def capture(self, fn: Callable, compile_graph: GraphCompiler, context: CaptureContext) -> Callable:
+        if self.options.frontend == "export":
+            return _ExportRunner(fn, compile_graph, context, self.options)
+        return self._capture_dynamo(fn, compile_graph, context)
+
+    def _capture_dynamo(self, fn: Callable, compile_graph: GraphCompiler, context: CaptureContext) -> Callable:
+        opts = self.options
+        failures_seen = compat.guard_failure_counts()
+
+        def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+            nonlocal failures_seen
+            compile_id = compat.current_compile_id()
+            if compile_id is not None and compile_id[1] > 0:
+                reasons = compat.new_guard_failures(failures_seen) or ["guard failed (reason not recorded)"]
+                context.record_recompile(reasons[-1])
+            failures_seen = compat.guard_failure_counts()
+            return compile_graph(gm, example_inputs)
+
+        target = fn._call_impl if isinstance(fn, torch.nn.Module) else fn
+        optimized = compat.dynamo_compile(target, backend, fullgraph=opts.fullgraph, dynamic=opts.dynamic)
+        unsupported = compat.unsupported_error_types()
+        refused = compat.recompile_error_types()
+        settings = functools.partial(compat.dynamo_settings, recompile_limit=opts.recompile_limit,
+                                     fail_on_limit=opts.on_recompile_limit == "error", stance=opts.stance)
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            try:
+                with settings():
+                    return optimized(*args, **kwargs)
+            except PipelineError:
+                raise
+            except unsupported as exc:
+                if not opts.fullgraph:
+                    raise
+                raise GraphBreakError(_graph_break_message(exc)) from None
+            except refused as exc:
+                raise RecompileError(_recompile_message(exc, opts)) from None
+
+        return run
+
+
+def _graph_break_message(exc: BaseException) -> str:
+    text = str(exc).strip()
+    lines = text.splitlines()
+    summary = lines[0] if lines else type(exc).__name__
+    where = ""
+    if "from user code:" in text:
+        where = text.split("from user code:", 1)[1].split("Set TORCHDYNAMO_VERBOSE")[0].strip()
+    return ("capture found a graph break, but the plan sets capture.fullgraph: true.\n"
+            f"  reason: {summary}\n"
+            + (f"  where:\n    {where}\n" if where else "")
+            + "Fix that line (keep tensor-dependent decisions on the device, e.g. torch.where instead of "
+              "`if tensor.item()`), or set capture.fullgraph: false to allow graph breaks.")
+
+
+def _recompile_message(exc: BaseException, opts: CaptureOptions) -> str:
+    text = " ".join(str(exc).split())
+    return (f"capture refused to recompile (stance '{opts.stance}', recompile_limit {opts.recompile_limit}): "
+            f"{text}. A guard failed for a new input; declare the changing dimension dynamic "
+            f"(capture.dynamic or torch._dynamo.mark_dynamic), pass changing scalars as tensors, or "
+            f"raise capture.recompile_limit.")
+
+
+class _ExportRunner:
+    """Exports on the first call and re-exports (counted as a recompile) when input shapes,
+    dtypes or devices change, up to the recompile limit."""
+
+    def __init__(self, fn: Callable, compile_graph: GraphCompiler, context: CaptureContext,
+                 opts: CaptureOptions):
+        self.fn = fn
+        self.compile_graph = compile_graph
+        self.context = context
+        self.opts = opts
+        self.variants: dict[tuple, Callable] = {}
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.opts.stance == "force_eager":
+            return self.fn(*args, **kwargs)
+        if torch.is_grad_enabled() and _wants_grad(self.fn, args, kwargs):
+            raise PipelineError(
+                "capture.frontend: export compiles inference graphs only, and this call needs gradients. "
+                "Call the model under torch.no_grad() / torch.inference_mode(), or use "
+                "capture.frontend: dynamo for training.")
+        flat, spec = torch.utils._pytree.tree_flatten((args, kwargs))
+        key = (spec, tuple(_meta_key(v) for v in flat))
+        compiled = self.variants.get(key)
+        if compiled is None:
+            compiled = self._compile(key, args, kwargs, flat)
+            if compiled is None:
+                return self.fn(*args, **kwargs)
+        out = compiled(*[v for v in flat if isinstance(v, torch.Tensor)])
+        return torch.utils._pytree.tree_unflatten(list(out), self.out_spec)
+
+    def _compile(self, key: tuple, args: tuple, kwargs: dict, flat: list) -> Callable | None:
+        if self.variants:
+            reason = "input metadata changed: " + _describe_change(next(iter(self.variants)), key)
+            if self.opts.stance == "fail_on_recompile":
+                raise RecompileError(f"capture (export) refused to recompile under stance "
+                                     f"'fail_on_recompile': {reason}")
+            if self.opts.stance == "eager_on_recompile":
+                return None
+            if len(self.variants) >= self.opts.recompile_limit:
+                message = (f"capture (export) hit recompile_limit {self.opts.recompile_limit}: {reason}")
+                if self.opts.on_recompile_limit == "error":
+                    raise RecompileError(message)
+                import warnings
+                warnings.warn(f"pipeline: {message}; running eagerly", stacklevel=3)
+                return None
+            self.context.record_recompile(reason)
+        try:
+            exported = compat.export_graph(self.fn, args, kwargs, strict=self.opts.strict)
+        except Exception as exc:  # noqa: BLE001 - export's own message says which op or line
+            raise GraphBreakError(
+                f"torch.export could not capture the model as one graph (capture.frontend: export): "
+                f"{type(exc).__name__}: {' '.join(str(exc).split())[:2000]}\n"
+                f"Use capture.frontend: dynamo to allow graph breaks.") from None
+        tensors = [v for v in flat if isinstance(v, torch.Tensor)]
+        graph, out_spec = _flat_graph(exported, args, kwargs, tensors)
+        self.out_spec = out_spec
+        compiled = self.compile_graph(graph, compat.as_fake(tensors, _new_fake_mode()))
+        self.variants[key] = compiled
+        return compiled
+
+
+def _wants_grad(fn: Callable, args: tuple, kwargs: dict) -> bool:
+    leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+    if any(isinstance(v, torch.Tensor) and v.requires_grad for v in leaves):
+        return True
+    return isinstance(fn, torch.nn.Module) and any(p.requires_grad for p in fn.parameters())
+
+
+def _meta_key(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), value.dtype, value.device.type, value.requires_grad)
+    return ("value", repr(value))
+
+
+def _describe_change(old: tuple, new: tuple) -> str:
+    for index, (a, b) in enumerate(zip(old[1], new[1])):
+        if a != b:
+            return f"input {index} was {a[1:]} and is now {b[1:]}"
+    return "input structure changed"
+
+
+def _new_fake_mode():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def _flat_graph(exported: torch.fx.GraphModule, args: tuple, kwargs: dict, tensors: list):
+    """Retrace the exported module into a graph taking the flat tensor inputs and returning a
+    flat tuple, the calling convention every graph pass sees."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    box: dict = {}
+
+    def flat_fn(*flat_tensors):
+        it = iter(flat_tensors)
+        flat, spec = torch.utils._pytree.tree_flatten((args, kwargs))
+        rebuilt = [next(it) if isinstance(v, torch.Tensor) else v for v in flat]
+        a, k = torch.utils._pytree.tree_unflatten(rebuilt, spec)
+        out = exported(*a, **k)
+        leaves, box["spec"] = torch.utils._pytree.tree_flatten(out)
+        return tuple(leaves)
+
+    with torch.no_grad():
+        graph = make_fx(flat_fn, tracing_mode="fake")(*tensors)
+    return graph, box["spec"]

@@ -1,0 +1,80 @@
+"""``decompose``: rewrite operators into simpler ones with torch's decomposition tables.
+
+``table: core-aten`` uses torch's core-ATen table (about 940 entries), ``none`` starts empty and
+``custom`` means exactly the ops listed in ``add``. ``keep`` removes ops from the table (they stay
+as they are, e.g. ``aten.addmm`` for an extern matmul); ``add`` adds ops from torch's registry."""
+from __future__ import annotations
+
+import difflib
+from typing import Literal
+
+import attrs
+import torch
+
+from pipeline import Pass, PassContext, option
+from pipeline import compat
+
+
+def _known_ops(names: list[str]) -> str | None:
+    for name in names:
+        if compat.resolve_op(name) is None:
+            hint = ""
+            parts = name.split(".")
+            if len(parts) >= 2 and parts[0] == "aten":
+                close = difflib.get_close_matches(parts[1], dir(torch.ops.aten), n=1)
+                hint = f"; did you mean 'aten.{close[0]}'?" if close else ""
+            return f"unknown operator '{name}' (write it as aten.name or aten.name.overload){hint}"
+    return None
+
+
+@attrs.frozen
+class DecomposeOptions:
+    table: Literal["core-aten", "none", "custom"] = option(
+        "core-aten", "Starting table: torch's core-ATen decompositions, none, or custom (only 'add').")
+    keep: list[str] = option([], "Operators never decomposed (e.g. aten.addmm stays an extern call).",
+                             check=_known_ops)
+    add: list[str] = option([], "Operators decomposed with torch's registered decomposition.",
+                            check=_known_ops)
+
+
+class Decompose(Pass):
+    """Apply a decomposition table by re-tracing the ATen graph."""
+
+    name = "decompose"
+    Options = DecomposeOptions
+    version = "1"
+    requires = frozenset({"aten"})
+    provides = frozenset({"decomposed"})
+
+    @classmethod
+    def provided(cls, options: DecomposeOptions) -> frozenset[str]:
+        tags = set(cls.provides)
+        if options.table == "core-aten" and not options.keep:
+            tags.add("core-aten")
+        return frozenset(tags)
+
+    def table(self) -> dict:
+        opts = self.options
+        table = compat.core_aten_table() if opts.table == "core-aten" else {}
+        if opts.add:
+            table.update(compat.decompositions_for([compat.resolve_op(n) for n in opts.add]))
+        for name in opts.keep:
+            for overload in compat.overloads_of(compat.resolve_op(name)):
+                table.pop(overload, None)
+        return table
+
+    def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
+        table = self.table()
+        if not table:
+            context.note("empty decomposition table: graph unchanged")
+            return graph
+        with torch.no_grad():
+            return compat.retrace(graph, context.example_inputs, decompositions=table)
+
+
+def core_aten_check(gm: torch.fx.GraphModule) -> str | None:
+    """Invariant 'core-aten': no operator left that the core-ATen table would decompose."""
+    table = compat.core_aten_table()
+    left = sorted({compat.op_name(n.target) for n in gm.graph.nodes
+                   if n.op == "call_function" and n.target in table})
+    return f"operators still decomposable: {', '.join(left)}" if left else None

@@ -1,0 +1,26 @@
+"""A plan-driven compiler for PyTorch.
+
+    from pipeline import compile_with_plan
+    model = compile_with_plan(model, "plans/llm-serving.yaml")   # or a plan name, a dict, a Plan
+
+The engine in this package knows no pass by name: every pass, built-in or third-party, is registered
+through pluggy (``pipeline_register_passes``) and composed by a YAML plan.
+"""
+from .errors import (ExpectationError, GraphBreakError, PassFailure, PipelineError, PlanError,
+                     RecompileError, RegistrationError, VerificationError)
+from .graph_pass import CaptureContext, CapturePass, GraphCompiler, Pass, PassContext
+from .hooks import hookimpl, hookspec
+from .options import NoOptions, non_negative, option, positive
+from .plan import CacheSettings, Expectations, PassSpec, Plan, load_plan
+from .registry import get_registry, register_plugin, reload_registry, unregister_plugin
+from .api import compilation_of, compile_with_plan, plan_of
+
+__all__ = [
+    "compile_with_plan", "compilation_of", "plan_of", "load_plan",
+    "Plan", "PassSpec", "CacheSettings", "Expectations",
+    "Pass", "CapturePass", "PassContext", "CaptureContext", "GraphCompiler",
+    "hookimpl", "hookspec", "option", "positive", "non_negative", "NoOptions",
+    "get_registry", "reload_registry", "register_plugin", "unregister_plugin",
+    "PipelineError", "PlanError", "RegistrationError", "PassFailure", "VerificationError",
+    "GraphBreakError", "RecompileError", "ExpectationError",
+]

@@ -1,0 +1,251 @@
+"""The one place that touches private torch APIs (Dynamo, AOTAutograd, make_fx, fake tensors,
+decomposition tables). Tested on torch 2.11 (GPU machine) and 2.13 (CPU machines); the next torch
+release should be a change to this file alone."""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+import torch.fx
+
+TORCH_VERSION = torch.__version__
+
+
+# -- fake tensors and re-tracing ---------------------------------------------------------------
+def fake_mode_of(values: Iterable[Any]):
+    """The FakeTensorMode the given values belong to (or the active tracing context's), or None."""
+    from torch._guards import detect_fake_mode
+    return detect_fake_mode(list(values))
+
+
+def as_fake(values: list, fake_mode=None) -> list:
+    """Fake versions of ``values`` in Dynamo's fake mode (memoized, so symbolic sizes are kept)."""
+    fake_mode = fake_mode or fake_mode_of(values)
+    if fake_mode is None:
+        return list(values)
+    return [fake_mode.from_tensor(v) if isinstance(v, torch.Tensor) and not is_fake(v) else v
+            for v in values]
+
+
+def is_fake(value: Any) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+    return isinstance(value, FakeTensor)
+
+
+def retrace(fn: Callable, example_inputs: list, *, decompositions: dict | None = None,
+            functionalize: bool = False, remove: str = "mutations_and_views") -> torch.fx.GraphModule:
+    """Trace ``fn`` to an ATen-level FX graph with ``make_fx`` on ``example_inputs`` (fake or real),
+    optionally through functionalization and a decomposition table."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    target = fn
+    if functionalize:
+        from torch.func import functionalize as _functionalize
+        target = _functionalize(fn, remove=remove)
+    fake_mode = fake_mode_of(example_inputs)
+    ctx = fake_mode if fake_mode is not None else contextlib.nullcontext()
+    with ctx:
+        return make_fx(target, decomposition_table=decompositions or {}, tracing_mode="real")(*example_inputs)
+
+
+def example_values(gm: torch.fx.GraphModule) -> list | None:
+    """The example values recorded on a graph's placeholders, or None when any is missing."""
+    out = []
+    for node in gm.graph.find_nodes(op="placeholder"):
+        value = node.meta.get("val", node.meta.get("example_value"))
+        if value is None:
+            return None
+        out.append(value)
+    return out
+
+
+# -- operators and decomposition tables --------------------------------------------------------
+def resolve_op(name: str):
+    """``"aten.addmm"`` or ``"aten.addmm.default"`` to the operator object, or None if unknown."""
+    parts = name.split(".")
+    if len(parts) < 2:
+        return None
+    namespace = getattr(torch.ops, parts[0], None)
+    if namespace is None:
+        return None
+    try:
+        packet = getattr(namespace, parts[1])
+    except (AttributeError, RuntimeError):
+        return None
+    if len(parts) == 2:
+        return packet
+    try:
+        return getattr(packet, parts[2]) if len(parts) == 3 else None
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def overloads_of(op: Any) -> list:
+    """Every overload of an operator packet, or the overload itself."""
+    if isinstance(op, torch._ops.OpOverloadPacket):
+        return [getattr(op, o) for o in op.overloads()]
+    return [op]
+
+
+def core_aten_table() -> dict:
+    """torch's core-ATen decomposition table (about 940 entries on torch 2.13)."""
+    from torch._decomp import core_aten_decompositions
+    return dict(core_aten_decompositions())
+
+
+def decompositions_for(ops: list) -> dict:
+    """Entries of torch's global decomposition registry for ``ops`` (packets or overloads);
+    ops without a registered decomposition are simply absent from the result."""
+    from torch._decomp import get_decompositions
+    return dict(get_decompositions(ops))
+
+
+def op_name(target: Any) -> str:
+    """``aten.add.Tensor`` style name of a node target (falls back to its qualified name)."""
+    if isinstance(target, torch._ops.OpOverload):
+        return f"{target.namespace}.{target._schema.name.split('::')[-1]}.{target._overloadname}"
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return f"{target._qualified_op_name.replace('::', '.')}"
+    module = getattr(target, "__module__", None) or ""
+    return f"{module}.{getattr(target, '__name__', repr(target))}".lstrip(".")
+
+
+def is_mutating(target: Any) -> bool:
+    """True for operators that write into an argument (in-place and out= variants)."""
+    schema = getattr(target, "_schema", None)
+    if schema is not None:
+        return schema.is_mutable
+    name = getattr(target, "__name__", "")
+    return name.endswith("_") and not name.endswith("__")
+
+
+def is_nondeterministic(target: Any) -> bool:
+    """True for random or otherwise non-repeatable operators (never merged or folded)."""
+    tags = getattr(target, "tags", ())
+    if torch.Tag.nondeterministic_seeded in tags:
+        return True
+    name = getattr(target, "__name__", "")
+    return name in {"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "dropout",
+                    "bernoulli", "multinomial", "normal", "randperm", "native_dropout"}
+
+
+# -- Dynamo ------------------------------------------------------------------------------------
+def dynamo_compile(fn: Callable, backend: Callable, *, fullgraph: bool, dynamic: bool | None) -> Callable:
+    """Dynamo-optimize ``fn`` with our own backend (no Inductor involved)."""
+    return torch.compile(fn, backend=backend, fullgraph=fullgraph, dynamic=dynamic)
+
+
+@contextlib.contextmanager
+def dynamo_settings(*, recompile_limit: int, fail_on_limit: bool, stance: str) -> Iterator[None]:
+    """Apply one plan's Dynamo settings for the duration of a call, restoring the old ones."""
+    config = torch._dynamo.config
+    old = (config.recompile_limit, config.fail_on_recompile_limit_hit)
+    config.recompile_limit = recompile_limit
+    config.fail_on_recompile_limit_hit = fail_on_limit
+    try:
+        if stance != "default":
+            with torch.compiler.set_stance(stance):
+                yield
+        else:
+            yield
+    finally:
+        config.recompile_limit, config.fail_on_recompile_limit_hit = old
+
+
+def graph_break_counts() -> dict[str, int]:
+    """Dynamo's running count of graph breaks by reason (process-wide)."""
+    from torch._dynamo.utils import counters
+    return dict(counters["graph_break"])
+
+
+def unsupported_error_types() -> tuple[type, ...]:
+    """Exceptions Dynamo raises for a graph break under ``fullgraph=True``."""
+    from torch._dynamo import exc
+    return (exc.Unsupported, exc.UserError)
+
+
+def recompile_error_types() -> tuple[type, ...]:
+    """Exceptions Dynamo raises for a refused recompile (fail_on_recompile, the limit)."""
+    from torch._dynamo import exc
+    types = [exc.RecompileError]
+    for name in ("FailOnRecompileLimitHit", "RecompileLimitExceeded", "CacheLimitExceeded"):
+        if hasattr(exc, name):
+            types.append(getattr(exc, name))
+    return tuple(types)
+
+
+def backend_failure_types() -> tuple[type, ...]:
+    from torch._dynamo import exc
+    return (exc.BackendCompilerFailed,)
+
+
+def reset_dynamo() -> None:
+    torch._dynamo.reset()
+
+
+# -- AOTAutograd -------------------------------------------------------------------------------
+def aot_compile(gm: torch.fx.GraphModule, example_inputs: list, *, forward: Callable,
+                backward: Callable) -> Callable:
+    """Trace the joint forward/backward graph with AOTAutograd and compile each half with the
+    given compilers (``compiler(graph, example_inputs) -> callable taking *args``)."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from torch._functorch._aot_autograd.utils import make_boxed_func
+
+    def boxed(compiler: Callable) -> Callable:
+        def compile_boxed(graph: torch.fx.GraphModule, inputs: list) -> Callable:
+            return make_boxed_func(compiler(graph, list(inputs)))
+        return compile_boxed
+
+    return aot_module_simplified(gm, example_inputs, fw_compiler=boxed(forward),
+                                 bw_compiler=boxed(backward), keep_inference_input_mutations=True)
+
+
+# -- torch.export ------------------------------------------------------------------------------
+def export_graph(fn: Callable, args: tuple, kwargs: dict, *, strict: bool) -> torch.fx.GraphModule:
+    """``torch.export`` a module (or function wrapped in one) and return its callable graph module,
+    which takes the same arguments as ``fn``."""
+    module = fn if isinstance(fn, torch.nn.Module) else _FunctionModule(fn)
+    program = torch.export.export(module, args, kwargs or None, strict=strict)
+    return program.module()
+
+
+class _FunctionModule(torch.nn.Module):
+    def __init__(self, fn: Callable):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+
+def current_compile_id() -> tuple[int, int] | None:
+    """(frame id, compile index of that frame) of the Dynamo compile in progress, or None.
+    A compile index above 0 means the frame is being recompiled."""
+    from torch._guards import CompileContext
+    cid = CompileContext.current_compile_id()
+    if cid is None:
+        return None
+    return (cid.frame_id, cid.frame_compile_id)
+
+
+def guard_failure_counts() -> dict[Any, int]:
+    """How many guard failures Dynamo has recorded per code object (process-wide)."""
+    from torch._dynamo.utils import guard_failures
+    return {code: len(reasons) for code, reasons in guard_failures.items()}
+
+
+def new_guard_failures(before: dict[Any, int]) -> list[str]:
+    """Guard-failure reasons recorded since the ``before`` snapshot."""
+    from torch._dynamo.utils import guard_failures
+    out = []
+    for code, reasons in guard_failures.items():
+        out.extend(str(r) for r in reasons[before.get(code, 0):])
+    return out
+
+
+@contextlib.contextmanager
+def real_tensors() -> Iterator[None]:
+    """Run real computations even while a compile's fake-tensor mode is active."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    with unset_fake_temporarily():
+        yield

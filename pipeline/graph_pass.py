@@ -1,0 +1,106 @@
+"""What a pass is. Built-in and third-party passes subclass :class:`Pass` (graph to graph) or
+:class:`CapturePass` (the frontend that turns a model into graphs) and are registered through the
+``pipeline_register_passes`` hook.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, ClassVar
+
+import attrs
+import torch.fx
+
+from .options import NoOptions
+
+# A compiled graph's entry point: takes the graph's flat inputs, returns its outputs.
+GraphCompiler = Callable[[torch.fx.GraphModule, list], Callable]
+
+
+class Pass:
+    """A graph-to-graph pass.
+
+    Class attributes a pass declares:
+    - ``name``: unique kebab-case name, the one name used in YAML, logs, reports and errors;
+    - ``Options``: a frozen attrs class of typed, documented options (``pipeline.option``);
+    - ``version``: bump it whenever the pass's output changes; it feeds the compile cache key;
+    - ``requires`` / ``provides`` / ``invalidates``: invariant tags (``functional``, ``core-aten``,
+      ``fused``, ...). A plan is rejected at load time if a pass requires a tag no earlier pass
+      provides (tags the capture pass establishes count as provided).
+
+    An instance is bound to one compile of one plan, with its parsed options in ``self.options``;
+    passes never share state through globals.
+    """
+
+    name: ClassVar[str] = ""
+    Options: ClassVar[type] = NoOptions
+    version: ClassVar[str] = "1"
+    requires: ClassVar[frozenset[str]] = frozenset()
+    provides: ClassVar[frozenset[str]] = frozenset()
+    invalidates: ClassVar[frozenset[str]] = frozenset()
+    stage: ClassVar[str] = "graph"
+
+    def __init__(self, options: Any = None):
+        self.options = options if options is not None else self.Options()
+
+    @classmethod
+    def provided(cls, options: Any) -> frozenset[str]:
+        """Tags this pass establishes with these options (override when options change them)."""
+        return frozenset(cls.provides)
+
+    def run(self, graph: torch.fx.GraphModule, context: "PassContext") -> torch.fx.GraphModule:
+        """Return a graph computing the same outputs (and input mutations) as ``graph``.
+
+        It may edit ``graph`` in place and return it, or return a new module; either way the
+        placeholders (the calling convention) and the output structure stay the same."""
+        raise NotImplementedError(f"pass '{self.name}' does not implement run()")
+
+    def __repr__(self) -> str:
+        return f"<pass {self.name} {self.options!r}>"
+
+
+class CapturePass(Pass):
+    """The frontend: the first pass of every plan. It turns a model or function into graphs and
+    hands each captured graph to ``compile_graph`` (which runs the rest of the plan), returning the
+    callable that replaces the model's forward."""
+
+    stage: ClassVar[str] = "capture"
+
+    def capture(self, fn: Callable, compile_graph: GraphCompiler, context: "CaptureContext") -> Callable:
+        """Return a callable with ``fn``'s signature that runs compiled graphs."""
+        raise NotImplementedError(f"capture pass '{self.name}' does not implement capture()")
+
+    def run(self, graph: torch.fx.GraphModule, context: "PassContext") -> torch.fx.GraphModule:
+        return graph
+
+
+@attrs.define(eq=False)
+class PassContext:
+    """What a graph pass may know about the graph it transforms, and where it records decisions."""
+
+    graph_id: str
+    target: str
+    example_inputs: list
+    plan: Any
+    role: str = "inference"
+    tags: set = attrs.field(factory=set)
+    notes: list = attrs.field(factory=list)
+    current_pass: str | None = None
+
+    def note(self, message: str) -> None:
+        """Record a decision (fusion choice, skipped rewrite...) for the compile report."""
+        self.notes.append({"pass": self.current_pass, "message": message})
+
+
+@attrs.define(eq=False)
+class CaptureContext:
+    """Given to a capture pass: the plan and the compilation's event log."""
+
+    plan: Any
+    compilation: Any
+
+    def record_graph_break(self, reason: str) -> None:
+        """Record that capture had to split the program (with Dynamo's reason text)."""
+        self.compilation.graph_breaks.append(reason)
+
+    def record_recompile(self, reason: str) -> None:
+        """Record that a guard failed and a new variant was captured."""
+        self.compilation.recompiles.append(reason)

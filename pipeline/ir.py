@@ -1,0 +1,87 @@
+"""Helpers on FX graphs shared by passes (a pass never imports another pass's internals)."""
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+import torch.fx
+
+from . import compat
+
+# Calls that must stay even when nothing uses their result.
+_SIDE_EFFECTS = {torch._assert, print}
+for _name in ("_assert_async", "_assert_scalar", "sym_constrain_range", "sym_constrain_range_for_size",
+              "_assert_tensor_metadata"):
+    _op = getattr(torch.ops.aten, _name, None)
+    if _op is not None:
+        _SIDE_EFFECTS.update(compat.overloads_of(_op))
+
+
+def has_side_effects(node: torch.fx.Node) -> bool:
+    """True when removing or merging ``node`` could change behaviour beyond its own value:
+    mutation of an argument, assertions, printing, calls into submodules, randomness."""
+    if node.op in ("placeholder", "output"):
+        return True
+    if node.op == "call_module":
+        return True
+    if node.op == "call_function":
+        target = node.target
+        if target in _SIDE_EFFECTS or compat.is_mutating(target):
+            return True
+        try:
+            return bool(node.is_impure())
+        except Exception:  # noqa: BLE001 - unknown impurity is treated as impure
+            return True
+    if node.op == "call_method":
+        return str(node.target).endswith("_") and not str(node.target).endswith("__")
+    return False
+
+
+def is_random(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and compat.is_nondeterministic(node.target)
+
+
+def finish(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Recompile a graph module after edits and drop submodules/attributes nothing uses."""
+    gm.graph.lint()
+    gm.recompile()
+    gm.delete_all_unused_submodules()
+    used = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
+    for name in [k for k in list(gm._buffers) if k not in used and k.startswith("_folded")]:
+        del gm._buffers[name]
+    return gm
+
+
+def node_args_hashable(value: Any) -> Any:
+    """A hashable stand-in for node arguments (nodes by identity), or raise TypeError."""
+    if isinstance(value, torch.fx.Node):
+        return ("node", id(value))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(node_args_hashable(v) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple(sorted((k, node_args_hashable(v)) for k, v in value.items())))
+    if isinstance(value, slice):
+        return ("slice", node_args_hashable(value.start), node_args_hashable(value.stop),
+                node_args_hashable(value.step))
+    if isinstance(value, torch.Tensor):
+        raise TypeError("tensor literal")
+    if isinstance(value, float) and value != value:
+        return ("nan",)
+    hash(value)
+    return (type(value).__name__, value)
+
+
+def is_getitem(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and node.target is operator.getitem
+
+
+def mutated_placeholders(gm: torch.fx.GraphModule) -> list[str]:
+    """Names of inputs a graph writes into (in-place ops whose first argument is an input)."""
+    out = []
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and compat.is_mutating(node.target) and node.args:
+            first = node.args[0]
+            if isinstance(first, torch.fx.Node) and first.op == "placeholder":
+                out.append(first.name)
+    return out

@@ -1,0 +1,274 @@
+"""Typed, documented options: declared once on a frozen attrs class, checked when a plan loads,
+printed back by ``resolve`` and rendered into the plan reference.
+
+A pass declares its options like this::
+
+    @attrs.frozen
+    class FuseOptions:
+        max_group_size: int = option(64, "Most nodes one fused group may hold.", check=positive)
+
+Supported field types: ``bool``, ``int``, ``float``, ``str``, ``Literal[...]``, ``X | None``,
+``list[X]``, ``dict[str, X]`` and nested attrs classes built from the same.
+"""
+from __future__ import annotations
+
+import types
+import typing
+from typing import Any, Callable, Literal, Union
+
+import attrs
+
+from .errors import PlanError, did_you_mean
+from .yamlio import line_of
+
+_NO_DEFAULT = attrs.NOTHING
+
+
+def option(default: Any, doc: str, *, check: Callable[[Any], str | None] | None = None) -> Any:
+    """Declare one option: its default, a one-line doc, and an optional check returning an error
+    message (or None) for a well-typed but invalid value."""
+    if isinstance(default, (list, dict, set)):
+        value = default
+        return attrs.field(factory=lambda: type(value)(value), metadata={"doc": doc, "check": check})
+    return attrs.field(default=default, metadata={"doc": doc, "check": check})
+
+
+def positive(value: Any) -> str | None:
+    """Check for options that must be > 0."""
+    return None if value is None or value > 0 else f"must be greater than 0, got {value!r}"
+
+
+def non_negative(value: Any) -> str | None:
+    """Check for options that must be >= 0."""
+    return None if value is None or value >= 0 else f"must be 0 or more, got {value!r}"
+
+
+@attrs.frozen
+class NoOptions:
+    """For passes that take no options."""
+
+
+@attrs.frozen
+class OptionInfo:
+    """One option as the docs and the CLI show it."""
+
+    name: str
+    type: str
+    default: Any
+    doc: str
+
+
+def is_options_class(cls: Any) -> bool:
+    """True for a frozen attrs class whose fields all have defaults and supported types."""
+    return option_class_problem(cls) is None
+
+
+def option_class_problem(cls: Any) -> str | None:
+    """Why ``cls`` cannot be a pass's options class, or None when it can."""
+    if not (isinstance(cls, type) and attrs.has(cls)):
+        return "is not an attrs class (decorate it with @attrs.frozen)"
+    if getattr(cls.__setattr__, "__name__", "") != "_frozen_setattrs":
+        return "is not frozen (use @attrs.frozen so options cannot change after loading)"
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception as exc:  # noqa: BLE001 - any failure to resolve annotations is the answer
+        return f"has annotations that cannot be resolved: {exc}"
+    for field in attrs.fields(cls):
+        if field.default is _NO_DEFAULT:
+            return f"option '{field.name}' has no default"
+        if not field.metadata.get("doc"):
+            return f"option '{field.name}' has no doc (declare it with pipeline.option(default, doc))"
+        problem = _type_problem(hints.get(field.name))
+        if problem:
+            return f"option '{field.name}' {problem}"
+    return None
+
+
+def _type_problem(tp: Any) -> str | None:
+    if tp in (bool, int, float, str):
+        return None
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is Literal:
+        return None
+    if origin in (Union, types.UnionType):
+        for arg in args:
+            if arg is not type(None):
+                problem = _type_problem(arg)
+                if problem:
+                    return problem
+        return None
+    if origin is list and len(args) == 1:
+        return _type_problem(args[0])
+    if origin is dict and len(args) == 2 and args[0] is str:
+        return _type_problem(args[1])
+    if isinstance(tp, type) and attrs.has(tp):
+        return option_class_problem(tp)
+    return f"has unsupported type {tp!r} (use bool, int, float, str, Literal, Optional, list, dict)"
+
+
+def type_name(tp: Any) -> str:
+    """A short readable name for an option type, as shown in docs and errors."""
+    if tp in (bool, int, float, str):
+        return tp.__name__
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is Literal:
+        return " | ".join(_literal_text(a) for a in args)
+    if origin in (Union, types.UnionType):
+        return " | ".join("null" if a is type(None) else type_name(a) for a in args)
+    if origin is list:
+        return f"list[{type_name(args[0])}]"
+    if origin is dict:
+        return f"dict[str, {type_name(args[1])}]"
+    if isinstance(tp, type):
+        return tp.__name__
+    return str(tp)
+
+
+def _literal_text(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _describe_value(value: Any) -> str:
+    kind = {bool: "boolean", int: "integer", float: "number", str: "string",
+            type(None): "null"}.get(type(value))
+    if kind is None:
+        kind = "list" if isinstance(value, list) else "mapping" if isinstance(value, dict) else type(value).__name__
+        return kind
+    return f"{kind} {value!r}" if value is not None else "null"
+
+
+def structure(cls: type, data: Any, *, source: str | None, key: str | None,
+              line: int | None) -> Any:
+    """Build an instance of the options class ``cls`` from plain YAML data, checking every key
+    and type; errors name ``source``, the line and the dotted key path."""
+    return cls(**convert_fields(cls, data, source=source, key=key, line=line))
+
+
+def convert_fields(cls: type, data: Any, *, source: str | None, key: str | None,
+                   line: int | None, lines: Any = None) -> dict:
+    """Check and convert only the keys present in ``data`` (for merging onto defaults or a parent).
+    ``key`` is the dotted path of ``data`` itself (None at the top level of a document)."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise PlanError(f"expected a mapping of options, got {_describe_value(data)}",
+                        file=source, line=line, key=key)
+    lines = data if lines is None else lines
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in attrs.fields(cls)}
+    values = {}
+    for name, raw in data.items():
+        name_line = line_of(lines, name) or line
+        path = f"{key}.{name}" if key else str(name)
+        if name not in fields:
+            valid = sorted(fields)
+            hint = did_you_mean(str(name), valid) if valid else " (this takes no options)"
+            raise PlanError(f"unknown option '{name}'{hint}", file=source, line=name_line, key=path)
+        field = fields[name]
+        value = _convert(hints[name], raw, source=source, key=path, line=name_line)
+        check = field.metadata.get("check")
+        if check is not None:
+            problem = check(value)
+            if problem:
+                raise PlanError(problem, file=source, line=name_line, key=path)
+        values[name] = value
+    return values
+
+
+def _convert(tp: Any, raw: Any, *, source: str | None, key: str, line: int | None) -> Any:
+    def fail(expected: str) -> PlanError:
+        return PlanError(f"expected {expected}, got {_describe_value(raw)}", file=source, line=line, key=key)
+
+    if tp is bool:
+        if isinstance(raw, bool):
+            return raw
+        raise fail("true or false")
+    if tp is int:
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            return raw
+        raise fail("an integer")
+    if tp is float:
+        if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+            return float(raw)
+        raise fail("a number")
+    if tp is str:
+        if isinstance(raw, str):
+            return raw
+        raise fail("a string")
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is Literal:
+        if raw in args and type(raw) in {type(a) for a in args}:
+            return raw
+        valid = [_literal_text(a) for a in args]
+        hint = did_you_mean(str(raw), valid) if isinstance(raw, str) else ""
+        raise PlanError(f"expected one of {', '.join(valid)}, got {_describe_value(raw)}{hint}",
+                        file=source, line=line, key=key)
+    if origin in (Union, types.UnionType):
+        if raw is None and type(None) in args:
+            return None
+        others = [a for a in args if a is not type(None)]
+        errors = []
+        for arg in others:
+            try:
+                return _convert(arg, raw, source=source, key=key, line=line)
+            except PlanError as exc:
+                errors.append(exc)
+        if len(errors) == 1:
+            raise errors[0]
+        raise fail(type_name(tp))
+    if origin is list:
+        if not isinstance(raw, list):
+            raise fail(f"a list of {type_name(args[0])}")
+        return [_convert(args[0], item, source=source, key=f"{key}[{i}]",
+                         line=line_of(raw, i) or line) for i, item in enumerate(raw)]
+    if origin is dict:
+        if not isinstance(raw, dict):
+            raise fail(f"a mapping of {type_name(args[1])}")
+        out = {}
+        for k, v in raw.items():
+            if not isinstance(k, str):
+                raise PlanError(f"keys must be strings, got {_describe_value(k)}", file=source,
+                                line=line_of(raw, k) or line, key=key)
+            out[k] = _convert(args[1], v, source=source, key=f"{key}.{k}", line=line_of(raw, k) or line)
+        return out
+    if isinstance(tp, type) and attrs.has(tp):
+        return structure(tp, raw, source=source, key=key, line=line)
+    raise fail(type_name(tp))
+
+
+def unstructure(instance: Any) -> dict:
+    """Plain data for an options instance, every field present (the fully defaulted form)."""
+    out = {}
+    for field in attrs.fields(type(instance)):
+        out[field.name] = _plain(getattr(instance, field.name))
+    return out
+
+
+def _plain(value: Any) -> Any:
+    if attrs.has(type(value)):
+        return unstructure(value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def describe(cls: type) -> list[OptionInfo]:
+    """Every option of ``cls`` with its type, default and doc (for docs and ``pipeline passes``)."""
+    hints = typing.get_type_hints(cls)
+    infos = []
+    for field in attrs.fields(cls):
+        default = field.default
+        if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
+            default = default.factory()
+        infos.append(OptionInfo(field.name, type_name(hints[field.name]), _plain(default),
+                                field.metadata.get("doc", "")))
+    return infos

@@ -1,0 +1,347 @@
+"""Plans: the YAML documents that name the passes to run, their order and options, and the
+policies around them. Loading validates everything before anything compiles.
+
+Top-level keys of a plan file::
+
+    name, description, extends, target, passes, options, remove, verify, on_error, cache, expect
+
+``extends`` names a parent plan (built-in name or path relative to this file); the child then
+overrides: scalar keys replace, ``passes`` replaces the whole list, ``options`` merges options into
+the parent's passes by name, ``remove`` drops passes by name, ``cache`` and ``expect`` merge key by key.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+
+from .errors import PlanError, did_you_mean
+from .options import convert_fields, option, positive, non_negative, unstructure
+from .registry import Registry, get_registry
+from .yamlio import LocatedDict, line_of, load_yaml
+
+TOP_LEVEL_KEYS = ("name", "description", "extends", "target", "passes", "options", "remove",
+                  "verify", "on_error", "cache", "expect")
+
+
+@attrs.frozen
+class CacheSettings:
+    """Where compiled artefacts are kept. (The on-disk compile cache itself is not built yet:
+    these settings are validated and recorded, and feed the cache once it lands.)"""
+
+    enabled: bool = option(True, "Keep compiled artefacts on disk and reuse them across processes.")
+    dir: str | None = option(None, "Cache directory; null means $PIPELINE_CACHE_DIR or a per-user default.")
+
+
+@attrs.frozen
+class Expectations:
+    """What a compile must achieve; checked after every call that compiled something."""
+
+    max_graph_breaks: int | None = option(None, "Most graph breaks allowed (null: no limit).", check=non_negative)
+    max_recompiles: int | None = option(None, "Most recompiles allowed (null: no limit).", check=non_negative)
+    max_kernels: int | None = option(None, "Most generated kernels over all graphs (null: no limit).",
+                                     check=non_negative)
+    cudagraphs: Literal["full", "any"] | None = option(
+        None, "full: every graph must run under a CUDA graph; any: at least one (null: no check).")
+    max_compile_seconds: float | None = option(None, "Most seconds of compile work (null: no limit).",
+                                               check=positive)
+    on_miss: Literal["error", "warn"] = option("error", "What a missed expectation does.")
+
+
+@attrs.frozen
+class PassSpec:
+    """One entry of a plan's pass list: a registered pass name and its parsed options."""
+
+    name: str
+    options: Any
+    line: int | None = attrs.field(default=None, eq=False)
+
+
+@attrs.frozen
+class Plan:
+    """A validated, fully defaulted plan. Two plans are equal when they would compile the same
+    way (where they were loaded from does not matter)."""
+
+    name: str
+    passes: tuple[PassSpec, ...]
+    description: str = ""
+    target: Literal["auto", "cuda", "cpu"] = "auto"
+    verify: Literal["off", "final", "each"] = "off"
+    on_error: Literal["raise", "eager"] = "raise"
+    cache: CacheSettings = CacheSettings()
+    expect: Expectations = Expectations()
+    source: str | None = attrs.field(default=None, eq=False)
+    lineage: tuple[str, ...] = attrs.field(default=(), eq=False)
+
+    def pass_names(self) -> list[str]:
+        return [p.name for p in self.passes]
+
+    def to_data(self) -> dict:
+        """Plain data of the fully defaulted plan (what ``resolve`` prints)."""
+        passes = []
+        for spec in self.passes:
+            opts = unstructure(spec.options)
+            passes.append({spec.name: opts} if opts else spec.name)
+        return {
+            "name": self.name,
+            "description": self.description,
+            "target": self.target,
+            "passes": passes,
+            "verify": self.verify,
+            "on_error": self.on_error,
+            "cache": unstructure(self.cache),
+            "expect": unstructure(self.expect),
+        }
+
+
+_SCALAR_FIELDS = {
+    "name": str,
+    "description": str,
+    "target": Literal["auto", "cuda", "cpu"],
+    "verify": Literal["off", "final", "each"],
+    "on_error": Literal["raise", "eager"],
+}
+
+
+def load_plan(plan: Any, overrides: dict | None = None, *, registry: Registry | None = None) -> Plan:
+    """Load and validate a plan given as a :class:`Plan`, a built-in or plugin plan name, a path to
+    a YAML file, or a dict; then apply ``overrides`` (a dict in the same format, e.g.
+    ``{"verify": "each", "options": {"capture": {"fullgraph": True}}}``)."""
+    registry = registry or get_registry()
+    if isinstance(plan, Plan):
+        base = plan
+    elif isinstance(plan, dict):
+        base = _from_data(plan, source="<dict>", registry=registry, chain=())
+    elif isinstance(plan, (str, Path)):
+        base = _from_file_or_name(plan, registry=registry, chain=(), relative_to=None)
+    else:
+        raise PlanError(f"a plan is a Plan, a plan name, a path or a dict, not {type(plan).__name__}")
+    if overrides:
+        base = _apply_layer(base, overrides, source="<overrides>", registry=registry, chain=())
+    return base
+
+
+def _from_file_or_name(ref: str | Path, *, registry: Registry, chain: tuple[str, ...],
+                       relative_to: Path | None) -> Plan:
+    text_ref = str(ref)
+    path = Path(text_ref)
+    if relative_to is not None and not path.is_absolute():
+        candidate = relative_to / path
+        if candidate.exists():
+            path = candidate
+    looks_like_path = path.suffix in (".yaml", ".yml") or "/" in text_ref or path.exists()
+    if not looks_like_path:
+        entry = registry.plans.get(text_ref)
+        if entry is None:
+            raise PlanError(f"no plan named '{text_ref}'{did_you_mean(text_ref, registry.plans)} "
+                            f"(or give a path to a .yaml file)")
+        path = entry.path
+    if not path.is_file():
+        raise PlanError(f"plan file not found: {text_ref}")
+    key = str(path.resolve())
+    if key in chain:
+        cycle = " -> ".join(list(chain) + [key])
+        raise PlanError(f"'extends' forms a cycle: {cycle}", file=str(path), key="extends")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise PlanError(f"cannot read the plan: {exc.strerror}", file=str(path)) from None
+    raw = load_yaml(data, str(path))
+    return _from_data(raw, source=str(path), registry=registry, chain=chain + (key,),
+                      base_dir=path.parent)
+
+
+def _from_data(raw: Any, *, source: str, registry: Registry, chain: tuple[str, ...],
+               base_dir: Path | None = None) -> Plan:
+    if raw is None:
+        raise PlanError("the plan is empty: it needs at least 'name' and 'passes' (or 'extends')",
+                        file=source)
+    if not isinstance(raw, dict):
+        raise PlanError(f"a plan is a mapping of keys ({', '.join(TOP_LEVEL_KEYS)}), "
+                        f"got {type(raw).__name__}", file=source, line=getattr(raw, "line", None))
+    _check_top_keys(raw, source)
+    parent_ref = raw.get("extends")
+    if parent_ref is not None:
+        if not isinstance(parent_ref, str):
+            raise PlanError("expected a plan name or path", file=source,
+                            line=line_of(raw, "extends"), key="extends")
+        try:
+            parent = _from_file_or_name(parent_ref, registry=registry, chain=chain, relative_to=base_dir)
+        except PlanError as exc:
+            if exc.file is not None and exc.file != "<plan>":
+                raise
+            raise PlanError(exc.reason, file=source, line=line_of(raw, "extends"), key="extends") from None
+        layer = {k: v for k, v in raw.items() if k != "extends"}
+        if isinstance(raw, LocatedDict):
+            layer = _relocate(raw, layer)
+        plan = _apply_layer(parent, layer, source=source, registry=registry, chain=chain)
+        return attrs.evolve(plan, source=source, lineage=(parent.source or parent.name,) + parent.lineage)
+    for required in ("name", "passes"):
+        if required not in raw:
+            raise PlanError(f"missing required key '{required}' (or use 'extends' to start from "
+                            f"another plan)", file=source, line=getattr(raw, "line", None))
+    for key in ("options", "remove"):
+        if key in raw:
+            raise PlanError(f"'{key}' changes a parent plan, so it needs 'extends'", file=source,
+                            line=line_of(raw, key), key=key)
+    fields = _convert_scalars(raw, source)
+    passes = _parse_passes(raw["passes"], source=source, registry=registry, line=line_of(raw, "passes"))
+    cache = _convert_section(CacheSettings, raw, "cache", source)
+    expect = _convert_section(Expectations, raw, "expect", source)
+    plan = Plan(passes=passes, cache=CacheSettings(**cache), expect=Expectations(**expect),
+                source=source, **fields)
+    _check_order(plan, registry, source, raw)
+    return plan
+
+
+def _relocate(raw: LocatedDict, subset: dict) -> LocatedDict:
+    out = LocatedDict(subset)
+    out.line = raw.line
+    out.key_lines = {k: raw.key_lines[k] for k in subset if k in raw.key_lines}
+    return out
+
+
+def _check_top_keys(raw: dict, source: str) -> None:
+    for key in raw:
+        if key not in TOP_LEVEL_KEYS:
+            raise PlanError(f"unknown key '{key}'{did_you_mean(str(key), TOP_LEVEL_KEYS)}",
+                            file=source, line=line_of(raw, key), key=str(key))
+
+
+def _convert_scalars(raw: dict, source: str) -> dict:
+    present = {k: raw[k] for k in _SCALAR_FIELDS if k in raw}
+    holder = _ScalarHolder
+    values = convert_fields(holder, present, source=source, key=None, line=getattr(raw, "line", None),
+                            lines=raw)
+    if "name" in values and not values["name"].strip():
+        raise PlanError("a plan name cannot be empty", file=source, line=line_of(raw, "name"), key="name")
+    return values
+
+
+@attrs.frozen
+class _ScalarHolder:
+    name: str = option("", "Plan name.")
+    description: str = option("", "What the plan is for.")
+    target: Literal["auto", "cuda", "cpu"] = option("auto", "Device the plan compiles for.")
+    verify: Literal["off", "final", "each"] = option("off", "Check semantics after the last pass or each pass.")
+    on_error: Literal["raise", "eager"] = option("raise", "What a failing compile does.")
+
+
+def _convert_section(cls: type, raw: dict, key: str, source: str) -> dict:
+    if key not in raw:
+        return {}
+    return convert_fields(cls, raw[key], source=source, key=key, line=line_of(raw, key))
+
+
+def _parse_passes(raw: Any, *, source: str, registry: Registry, line: int | None) -> tuple[PassSpec, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise PlanError("expected a non-empty list of passes (the first one is the capture pass)",
+                        file=source, line=line, key="passes")
+    specs = []
+    for index, item in enumerate(raw):
+        item_line = line_of(raw, index) or line
+        specs.append(_parse_pass_entry(item, index=index, source=source, registry=registry, line=item_line))
+    return tuple(specs)
+
+
+def _parse_pass_entry(item: Any, *, index: int, source: str, registry: Registry,
+                      line: int | None) -> PassSpec:
+    key = f"passes[{index}]"
+    if isinstance(item, str):
+        name, raw_options, opt_line = item, None, line
+    elif isinstance(item, dict) and len(item) == 1:
+        name, raw_options = next(iter(item.items()))
+        opt_line = line_of(item, name) or line
+        if not isinstance(name, str):
+            raise PlanError("a pass name must be a string", file=source, line=line, key=key)
+    elif isinstance(item, dict):
+        raise PlanError(f"a pass entry is one name mapped to its options, got {len(item)} keys "
+                        f"({', '.join(map(str, item))}); write each pass as its own list item",
+                        file=source, line=line, key=key)
+    else:
+        raise PlanError(f"a pass entry is a name or 'name: {{options}}', got {type(item).__name__}",
+                        file=source, line=line, key=key)
+    entry = registry.pass_entry(name)
+    if entry is None:
+        raise PlanError(f"unknown pass '{name}'{registry.unknown_pass_hint(name)}", file=source,
+                        line=line, key=f"{key}.{name}" if isinstance(item, dict) else key)
+    values = convert_fields(entry.cls.Options, raw_options, source=source, key=f"{key}.{name}", line=opt_line)
+    return PassSpec(name=name, options=entry.cls.Options(**values), line=line)
+
+
+def _apply_layer(base: Plan, layer: Any, *, source: str, registry: Registry,
+                 chain: tuple[str, ...]) -> Plan:
+    if not isinstance(layer, dict):
+        raise PlanError(f"overrides must be a mapping, got {type(layer).__name__}", file=source)
+    _check_top_keys(layer, source)
+    if "extends" in layer:
+        raise PlanError("'extends' is not allowed in overrides", file=source, key="extends")
+    fields = _convert_scalars(layer, source)
+    passes = base.passes
+    if "passes" in layer:
+        passes = _parse_passes(layer["passes"], source=source, registry=registry,
+                               line=line_of(layer, "passes"))
+    if "remove" in layer:
+        passes = _remove_passes(passes, layer["remove"], source, line_of(layer, "remove"))
+    if "options" in layer:
+        passes = _merge_options(passes, layer["options"], source, registry, line_of(layer, "options"))
+    cache = attrs.evolve(base.cache, **_convert_section(CacheSettings, layer, "cache", source))
+    expect = attrs.evolve(base.expect, **_convert_section(Expectations, layer, "expect", source))
+    plan = attrs.evolve(base, passes=passes, cache=cache, expect=expect, **fields)
+    _check_order(plan, registry, source, layer)
+    return plan
+
+
+def _remove_passes(passes: tuple[PassSpec, ...], raw: Any, source: str, line: int | None) -> tuple:
+    if not isinstance(raw, list) or not all(isinstance(n, str) for n in raw):
+        raise PlanError("expected a list of pass names", file=source, line=line, key="remove")
+    names = [p.name for p in passes]
+    for i, name in enumerate(raw):
+        if name not in names:
+            raise PlanError(f"the parent plan has no pass '{name}' to remove{did_you_mean(name, names)}",
+                            file=source, line=line_of(raw, i) or line, key=f"remove[{i}]")
+    return tuple(p for p in passes if p.name not in raw)
+
+
+def _merge_options(passes: tuple[PassSpec, ...], raw: Any, source: str, registry: Registry,
+                   line: int | None) -> tuple:
+    if not isinstance(raw, dict):
+        raise PlanError("expected a mapping of pass name to options", file=source, line=line, key="options")
+    names = [p.name for p in passes]
+    updates = {}
+    for name, opts in raw.items():
+        name_line = line_of(raw, name) or line
+        if name not in names:
+            raise PlanError(f"the plan has no pass '{name}' to set options on{did_you_mean(str(name), names)}",
+                            file=source, line=name_line, key=f"options.{name}")
+        cls = registry.passes[name].cls
+        updates[name] = convert_fields(cls.Options, opts, source=source, key=f"options.{name}", line=name_line)
+    return tuple(attrs.evolve(p, options=attrs.evolve(p.options, **updates[p.name])) if p.name in updates
+                 else p for p in passes)
+
+
+def _check_order(plan: Plan, registry: Registry, source: str, raw: Any) -> None:
+    passes_line = line_of(raw, "passes") if isinstance(raw, dict) else None
+    first = plan.passes[0]
+    first_cls = registry.passes[first.name].cls
+    if first_cls.stage != "capture":
+        captures = sorted(n for n, e in registry.passes.items() if e.cls.stage == "capture")
+        raise PlanError(f"the first pass must be a capture pass ({', '.join(captures)}), got "
+                        f"'{first.name}'", file=source, line=first.line or passes_line, key="passes[0]")
+    tags: set[str] = set()
+    for index, spec in enumerate(plan.passes):
+        cls = registry.passes[spec.name].cls
+        if index > 0 and cls.stage == "capture":
+            raise PlanError(f"'{spec.name}' is a capture pass and can only come first", file=source,
+                            line=spec.line or passes_line, key=f"passes[{index}]")
+        missing = sorted(set(cls.requires) - tags)
+        if missing:
+            providers = sorted(n for n, e in registry.passes.items()
+                               if set(missing) & set(e.cls.provides))
+            hint = f"; put one of {', '.join(providers)} before it" if providers else ""
+            raise PlanError(f"pass '{spec.name}' requires {', '.join(missing)}, which no earlier pass "
+                            f"provides{hint}", file=source, line=spec.line or passes_line,
+                            key=f"passes[{index}]")
+        tags -= set(cls.invalidates)
+        tags |= set(cls.provided(spec.options))

@@ -1,0 +1,124 @@
+"""``verify: final|each``: on a compiled graph's first call, run the graph as captured and the
+graph after each pass on copies of the real inputs, and compare outputs and input mutations.
+A mismatch names the first pass that changed the result and writes a reproducer."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.fx
+
+from . import compat
+from .errors import VerificationError
+from .numerics import compare
+from .yamlio import dump_yaml
+
+
+def clone_inputs(args: tuple | list) -> list:
+    """Copies of the tensor arguments (same strides), so a mutating graph cannot touch the originals."""
+    out = []
+    for value in args:
+        if isinstance(value, torch.Tensor):
+            copy = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
+            copy.copy_(value.detach())
+            out.append(copy)
+        else:
+            out.append(value)
+    return out
+
+
+def random_ops(gm: torch.fx.GraphModule) -> list[str]:
+    """Names of random operators in a graph (their outputs cannot be compared run to run)."""
+    return sorted({compat.op_name(n.target) for n in gm.graph.nodes
+                   if n.op == "call_function" and compat.is_nondeterministic(n.target)})
+
+
+def run_and_compare(reference: Callable, candidate: Callable, args: list) -> str | None:
+    """None when ``candidate`` matches ``reference`` on ``args`` (outputs and mutated inputs)."""
+    with torch.no_grad():
+        ref_args = clone_inputs(args)
+        expected = reference(*ref_args)
+        cand_args = clone_inputs(args)
+        actual = candidate(*cand_args)
+    problem = compare(expected, actual, what="output")
+    if problem:
+        return problem
+    for index, (e, a) in enumerate(zip(ref_args, cand_args)):
+        if isinstance(e, torch.Tensor):
+            problem = compare(e, a, what=f"input {index} after the call (in-place update)")
+            if problem:
+                return problem
+    return None
+
+
+class FirstCallVerifier:
+    """Callable standing in for a compiled graph: verifies on the first call, then runs directly."""
+
+    def __init__(self, *, original: torch.fx.GraphModule, steps: list, compiled: Callable,
+                 record: Any, plugins: dict, on_error: str, plan: Any):
+        self.original = original
+        self.steps = steps
+        self.compiled = compiled
+        self.record = record
+        self.plugins = plugins
+        self.on_error = on_error
+        self.plan = plan
+        self._run: Callable = self._verify
+
+    def __call__(self, *args):
+        return self._run(*args)
+
+    def _verify(self, *args):
+        self._run = self.compiled
+        randoms = random_ops(self.original)
+        if randoms:
+            self.record.verified = f"skipped: the graph uses random operators ({', '.join(randoms)})"
+            return self.compiled(*args)
+        previous = self.original
+        for pass_name, graph in self.steps:
+            problem = run_and_compare(self.original, graph, list(args))
+            if problem:
+                return self._mismatch(pass_name, previous, problem, args)
+            previous = graph
+        self.record.verified = f"passed ({len(self.steps)} step(s) compared with the captured graph)"
+        return self.compiled(*args)
+
+    def _mismatch(self, pass_name: str, before: torch.fx.GraphModule, problem: str, args: tuple):
+        plugin = self.plugins.get(pass_name, "?")
+        repro = write_reproducer(self.record.graph_id, pass_name, before, args, self.plan)
+        message = (f"verification failed on graph {self.record.graph_id}: pass '{pass_name}' from plugin "
+                   f"{plugin} changed the result: {problem}. Reproducer: {repro}")
+        self.record.verified = f"failed at pass '{pass_name}'"
+        if self.on_error == "eager":
+            self.record.fallback = message
+            warnings.warn(f"pipeline: {message}; running graph {self.record.graph_id} eagerly "
+                          f"(plan on_error: eager)", stacklevel=2)
+            self._run = self.original
+            return self.original(*args)
+        raise VerificationError(message, pass_name=pass_name, plugin=plugin,
+                                graph_id=self.record.graph_id, reproducer=repro)
+
+
+def write_reproducer(graph_id: str, pass_name: str, before: torch.fx.GraphModule, args: tuple,
+                     plan: Any) -> str:
+    """Write the graph the failing pass received, its inputs' metadata and a one-pass plan."""
+    root = Path(os.environ.get("PIPELINE_REPRO_DIR", "pipeline-repro"))
+    folder = root / re.sub(r"[^A-Za-z0-9_.-]", "_", f"{graph_id}-{pass_name}")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "graph.py").write_text(f"# graph {graph_id} as pass '{pass_name}' received it\n{before.code}")
+    inputs = [{"shape": list(a.shape), "stride": list(a.stride()), "dtype": str(a.dtype),
+               "device": str(a.device)} if isinstance(a, torch.Tensor) else {"value": repr(a)}
+              for a in args]
+    (folder / "inputs.json").write_text(json.dumps(inputs, indent=2))
+    spec = next((s for s in plan.passes if s.name == pass_name), None)
+    data = plan.to_data()
+    data["name"] = f"repro-{pass_name}"
+    data["passes"] = [data["passes"][0]] + ([p for p, s in zip(data["passes"], plan.passes) if s is spec])
+    data["verify"] = "each"
+    (folder / "plan.yaml").write_text(dump_yaml(data))
+    return str(folder)
