@@ -76,6 +76,10 @@ class Capture(CapturePass):
                 raise GraphBreakError(_graph_break_message(exc)) from None
             except refused as exc:
                 raise RecompileError(_recompile_message(exc, opts)) from None
+            except RuntimeError as exc:
+                if compat.is_refused_recompile(exc):
+                    raise RecompileError(_recompile_message(exc, opts)) from None
+                raise
 
         return run
 
@@ -204,5 +208,5 @@ def _flat_graph(exported: torch.fx.GraphModule, args: tuple, kwargs: dict, tenso
         return tuple(leaves)
 
     with torch.no_grad():
-        graph = make_fx(flat_fn, tracing_mode="fake")(*tensors)
+        graph = make_fx(flat_fn, tracing_mode="real")(*tensors)
     return graph, box["spec"]

@@ -15,9 +15,9 @@ from pipeline import compat
 
 @attrs.frozen
 class FunctionalizeOptions:
-    remove: Literal["mutations_and_views", "mutations"] = option(
-        "mutations_and_views", "mutations_and_views: views become copies too (fully functional); "
-                               "mutations: keep view ops, remove only in-place writes.")
+    remove: Literal["mutations", "mutations_and_views"] = option(
+        "mutations", "mutations: in-place writes become out-of-place ops and views stay views (no "
+                     "copies); mutations_and_views: views become *_copy ops too, which materialize.")
 
 
 class Functionalize(Pass):

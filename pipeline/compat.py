@@ -34,7 +34,7 @@ def is_fake(value: Any) -> bool:
 
 
 def retrace(fn: Callable, example_inputs: list, *, decompositions: dict | None = None,
-            functionalize: bool = False, remove: str = "mutations_and_views") -> torch.fx.GraphModule:
+            functionalize: bool = False, remove: str = "mutations") -> torch.fx.GraphModule:
     """Trace ``fn`` to an ATen-level FX graph with ``make_fx`` on ``example_inputs`` (fake or real),
     optionally through functionalization and a decomposition table."""
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -174,6 +174,12 @@ def recompile_error_types() -> tuple[type, ...]:
     return tuple(types)
 
 
+def is_refused_recompile(exc: BaseException) -> bool:
+    """True for Dynamo's refusal to compile under stance fail_on_recompile (a plain RuntimeError)."""
+    return isinstance(exc, recompile_error_types()) or (
+        isinstance(exc, RuntimeError) and "stance is 'fail_on_recompile'" in str(exc))
+
+
 def backend_failure_types() -> tuple[type, ...]:
     from torch._dynamo import exc
     return (exc.BackendCompilerFailed,)
@@ -249,3 +255,10 @@ def real_tensors() -> Iterator[None]:
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     with unset_fake_temporarily():
         yield
+
+
+def fake_copies(values: list) -> list:
+    """Fake tensors (in a fresh fake mode) with the metadata of ``values``; other values as they are."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    return [mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for v in values]

@@ -81,9 +81,11 @@ class PassManager:
 
     def _call_hook(self, hook_name: str, bound: BoundPass, graph: Any, context: PassContext) -> None:
         hook = getattr(self.pm.hook, hook_name)
+        kwargs = {"pass_": bound.instance, "graph": graph, "context": context}
         for impl in reversed(hook.get_hookimpls()):
             try:
-                impl.function(pass_=bound.instance, graph=graph, context=context)
+                # Like pluggy, pass only the arguments an implementation declares (any subset).
+                impl.function(**{name: kwargs[name] for name in impl.argnames})
             except PipelineError:
                 raise
             except Exception as exc:  # noqa: BLE001 - re-raised naming the hook's plugin
@@ -103,7 +105,13 @@ class PassManager:
                           provided: set[str]) -> None:
         for tag in sorted(provided):
             for check, info in self.registry.invariants.get(tag, []):
-                problem = check(graph)
+                try:
+                    problem = check(graph)
+                except Exception as exc:  # noqa: BLE001 - a crashing check is reported with its plugin
+                    raise PassFailure(
+                        f"the invariant check for '{tag}' from plugin {info} raised after pass "
+                        f"'{bound.name}' on graph {context.graph_id}: {type(exc).__name__}: {exc}",
+                        pass_name=bound.name, plugin=str(info), graph_id=context.graph_id) from exc
                 if problem:
                     raise PassFailure(
                         f"pass '{bound.name}' ({bound.plugin}) claims '{tag}' but the graph it produced "

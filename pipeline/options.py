@@ -18,7 +18,7 @@ from typing import Any, Callable, Literal, Union
 
 import attrs
 
-from .errors import PlanError, did_you_mean
+from .errors import PlanError, did_you_mean, nearest
 from .yamlio import line_of
 
 _NO_DEFAULT = attrs.NOTHING
@@ -207,7 +207,8 @@ def _convert(tp: Any, raw: Any, *, source: str | None, key: str, line: int | Non
         if raw in args and type(raw) in {type(a) for a in args}:
             return raw
         valid = [_literal_text(a) for a in args]
-        hint = did_you_mean(str(raw), valid) if isinstance(raw, str) else ""
+        guess = nearest(raw, valid) if isinstance(raw, str) else None
+        hint = f"; did you mean '{guess}'?" if guess is not None else ""
         raise PlanError(f"expected one of {', '.join(valid)}, got {_describe_value(raw)}{hint}",
                         file=source, line=line, key=key)
     if origin in (Union, types.UnionType):

@@ -142,7 +142,8 @@ def _from_file_or_name(ref: str | Path, *, registry: Registry, chain: tuple[str,
     key = str(path.resolve())
     if key in chain:
         cycle = " -> ".join(list(chain) + [key])
-        raise PlanError(f"'extends' forms a cycle: {cycle}", file=str(path), key="extends")
+        # No file: the caller names the file and line of the 'extends' that closes the cycle.
+        raise PlanError(f"'extends' forms a cycle: {cycle}")
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -159,7 +160,8 @@ def _from_data(raw: Any, *, source: str, registry: Registry, chain: tuple[str, .
                         file=source)
     if not isinstance(raw, dict):
         raise PlanError(f"a plan is a mapping of keys ({', '.join(TOP_LEVEL_KEYS)}), "
-                        f"got {type(raw).__name__}", file=source, line=getattr(raw, "line", None))
+                        f"got {'a list' if isinstance(raw, list) else type(raw).__name__}",
+                        file=source, line=getattr(raw, "line", None))
     _check_top_keys(raw, source)
     parent_ref = raw.get("extends")
     if parent_ref is not None:
@@ -180,7 +182,7 @@ def _from_data(raw: Any, *, source: str, registry: Registry, chain: tuple[str, .
     for required in ("name", "passes"):
         if required not in raw:
             raise PlanError(f"missing required key '{required}' (or use 'extends' to start from "
-                            f"another plan)", file=source, line=getattr(raw, "line", None))
+                            f"another plan)", file=source, line=getattr(raw, "line", None), key=required)
     for key in ("options", "remove"):
         if key in raw:
             raise PlanError(f"'{key}' changes a parent plan, so it needs 'extends'", file=source,

@@ -2,6 +2,7 @@
 and ``diff`` (what changes between two plans)."""
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from .options import unstructure
@@ -30,49 +31,59 @@ def diff_plans(a: Plan, b: Plan) -> list[str]:
     options and settings changed (~). Empty when the plans compile the same way."""
     lines: list[str] = []
     names_a, names_b = a.pass_names(), b.pass_names()
-    for name in _multiset_minus(names_b, names_a):
-        lines.append(f"+ pass {name} (at position {names_b.index(name)})")
-    for name in _multiset_minus(names_a, names_b):
-        lines.append(f"- pass {name} (was at position {names_a.index(name)})")
-    common_a = [n for n in names_a if n in names_b]
-    common_b = [n for n in names_b if n in names_a]
+    pairs, removed, added = _align(names_a, names_b)
+    for j in added:
+        lines.append(f"+ pass {names_b[j]} (at position {j})")
+    for i in removed:
+        lines.append(f"- pass {names_a[i]} (was at position {i})")
+    common_a = [names_a[i] for i, _ in pairs]
+    common_b = [names_b[j] for _, j in sorted(pairs, key=lambda pair: pair[1])]
     if common_a != common_b:
         lines.append(f"~ order: {' -> '.join(common_a)}  became  {' -> '.join(common_b)}")
-    seen: dict[str, int] = {}
-    for spec_a in a.passes:
-        occurrence = seen.get(spec_a.name, 0)
-        seen[spec_a.name] = occurrence + 1
-        matches = [s for s in b.passes if s.name == spec_a.name]
-        if occurrence >= len(matches):
-            continue
-        spec_b = matches[occurrence]
+    for i, j in pairs:
         flat_a: dict = {}
         flat_b: dict = {}
-        _flatten(spec_a.name, unstructure(spec_a.options), flat_a)
-        _flatten(spec_b.name, unstructure(spec_b.options), flat_b)
-        for key in flat_a:
-            if flat_a[key] != flat_b.get(key):
-                lines.append(f"~ {key}: {_show(flat_a[key])} -> {_show(flat_b.get(key))}")
+        _flatten(names_a[i], unstructure(a.passes[i].options), flat_a)
+        _flatten(names_b[j], unstructure(b.passes[j].options), flat_b)
+        lines.extend(_changes(flat_a, flat_b))
     data_a = {k: v for k, v in a.to_data().items() if k != "passes"}
     data_b = {k: v for k, v in b.to_data().items() if k != "passes"}
     flat_a, flat_b = {}, {}
     _flatten("", data_a, flat_a)
     _flatten("", data_b, flat_b)
-    for key in flat_a:
-        if flat_a[key] != flat_b.get(key):
-            lines.append(f"~ {key}: {_show(flat_a[key])} -> {_show(flat_b.get(key))}")
+    lines.extend(_changes(flat_a, flat_b))
     return lines
 
 
-def _multiset_minus(xs: list[str], ys: list[str]) -> list[str]:
-    remaining = list(ys)
-    out = []
-    for x in xs:
-        if x in remaining:
-            remaining.remove(x)
+def _align(names_a: list[str], names_b: list[str]) -> tuple[list[tuple[int, int]], list[int], list[int]]:
+    """Pair the passes of ``a`` with those of ``b``: first the longest run-preserving matching
+    (so deleting or inserting passes never reads as a reorder), then any same-named leftovers
+    (those moved). Returns the pairs in ``a``'s order, the unpaired indices of ``a`` (removed)
+    and of ``b`` (added)."""
+    matcher = difflib.SequenceMatcher(None, names_a, names_b, autojunk=False)
+    pairs = [(block.a + k, block.b + k) for block in matcher.get_matching_blocks()
+             for k in range(block.size)]
+    paired_a = {i for i, _ in pairs}
+    free_b = [j for j in range(len(names_b)) if j not in {j for _, j in pairs}]
+    removed = []
+    for i in range(len(names_a)):
+        if i in paired_a:
+            continue
+        j = next((j for j in free_b if names_b[j] == names_a[i]), None)
+        if j is None:
+            removed.append(i)
         else:
-            out.append(x)
-    return out
+            free_b.remove(j)
+            pairs.append((i, j))
+    return sorted(pairs), removed, free_b
+
+
+def _changes(flat_a: dict, flat_b: dict) -> list[str]:
+    """``~ key: old -> new`` for every key whose value differs, including keys only one side has
+    (a dict option's entries)."""
+    keys = list(flat_a) + [k for k in flat_b if k not in flat_a]
+    return [f"~ {key}: {_show(flat_a.get(key))} -> {_show(flat_b.get(key))}"
+            for key in keys if flat_a.get(key) != flat_b.get(key)]
 
 
 def _show(value: Any) -> str:

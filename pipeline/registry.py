@@ -80,7 +80,10 @@ class Registry:
                    version: str | None = None) -> PluginInfo:
         """Register ``obj`` (a module or object with hook implementations) and collect what it
         provides. Raises :class:`RegistrationError` naming the plugin on any problem."""
-        module = getattr(obj, "__name__", None) or type(obj).__module__ + "." + type(obj).__qualname__
+        if isinstance(obj, type):
+            module = f"{obj.__module__}.{obj.__qualname__}"
+        else:
+            module = getattr(obj, "__name__", None) or f"{type(obj).__module__}.{type(obj).__qualname__}"
         info = PluginInfo(module=module, distribution=distribution, version=version, obj=obj)
         if any(p.obj is obj for p in self.plugins):
             return next(p for p in self.plugins if p.obj is obj)
@@ -89,7 +92,7 @@ class Registry:
             pm.register(obj)
             pm.check_pending()
         except pluggy.PluginValidationError as exc:
-            raise RegistrationError(f"plugin {info}: {exc}") from None
+            raise RegistrationError(f"plugin {info}: {exc}{_unknown_hook_hint(obj)}") from None
         if not pm.get_hookcallers(obj):
             raise RegistrationError(
                 f"plugin {info} implements no pipeline hooks: mark functions such as "
@@ -188,6 +191,15 @@ class Registry:
         for obj in extra:
             pm.register(obj)
         return pm
+
+
+def _unknown_hook_hint(obj: Any) -> str:
+    """``; did you mean 'pipeline_register_passes'?`` for a misspelled hook name, else ''."""
+    specs = [name for name in vars(PipelineSpecs) if name.startswith("pipeline_")]
+    for name in dir(obj):
+        if name.startswith("pipeline_") and name not in specs:
+            return did_you_mean(name, specs)
+    return ""
 
 
 def _plan_files(path: Any, info: PluginInfo) -> list[Path]:

@@ -89,7 +89,7 @@ def load_yaml(text: str | bytes, source: str) -> Any:
             text = text.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise PlanError(f"the file is not valid UTF-8 (byte {exc.start}): save it as UTF-8",
-                            file=source) from None
+                            file=source, line=text.count(b"\n", 0, exc.start) + 1) from None
     loader = _PlanLoader(text)
     loader.source = source
     try:

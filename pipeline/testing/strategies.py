@@ -1,0 +1,341 @@
+"""Hypothesis strategies that build random, valid FX graphs of the supported op set.
+
+A drawn :class:`GraphCase` is a torch-level ``fx.GraphModule`` (what capture hands to the passes)
+plus the specs of its inputs; ``case.make_inputs(seed)`` gives fresh random tensors (never zeros).
+Graphs mix pointwise ops with broadcasting, reductions (sum, mean, amax, amin, var, argmax,
+softmax, log_softmax, layer norm), views (permute, transpose, reshape, unsqueeze, expand, narrow),
+permuted (non-contiguous) inputs, constants, several dtypes, and optionally in-place updates.
+"""
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any, Callable, Sequence
+
+import attrs
+import torch
+import torch.fx
+from hypothesis import strategies as st
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+UNARY = [torch.neg, torch.abs, torch.relu, torch.sigmoid, torch.tanh, torch.sin, torch.cos]
+# Unary ops with a restricted domain get a guard node in front (see _safe_unary).
+GUARDED_UNARY = ["exp", "sqrt", "log", "reciprocal"]
+BINARY = [torch.add, torch.sub, torch.mul, torch.maximum, torch.minimum]
+REDUCTIONS = ["sum", "mean", "amax", "amin", "var", "argmax", "softmax", "log_softmax", "layer_norm"]
+VIEWS = ["permute", "transpose", "reshape", "unsqueeze", "expand", "narrow"]
+
+
+@attrs.frozen
+class TensorSpec:
+    """Shape, dtype and memory layout of one graph input."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    permutation: tuple[int, ...] | None = None  # stored permuted in memory when set
+
+    def make(self, generator: torch.Generator) -> torch.Tensor:
+        """A fresh random tensor with this spec (normal floats, small non-zero integers)."""
+        shape = self.shape if self.permutation is None else tuple(self.shape[p] for p in self.permutation)
+        if self.dtype.is_floating_point:
+            value = torch.randn(shape, generator=generator, dtype=torch.float32).to(self.dtype)
+        elif self.dtype == torch.bool:
+            value = torch.rand(shape, generator=generator) > 0.5
+        else:
+            value = torch.randint(1, 6, shape, generator=generator, dtype=self.dtype)
+            signs = torch.randint(0, 2, shape, generator=generator, dtype=self.dtype) * 2 - 1
+            value = value * signs
+        if self.permutation is not None:
+            inverse = [0] * len(self.permutation)
+            for i, p in enumerate(self.permutation):
+                inverse[p] = i
+            value = value.permute(inverse)
+        return value
+
+
+@attrs.define(eq=False)
+class GraphCase:
+    """A random graph and how to make inputs for it."""
+
+    gm: torch.fx.GraphModule
+    inputs: list[TensorSpec]
+    mutates_inputs: bool = False
+
+    def make_inputs(self, seed: int = 0) -> list[torch.Tensor]:
+        generator = torch.Generator().manual_seed(seed)
+        return [spec.make(generator) for spec in self.inputs]
+
+    def __repr__(self) -> str:
+        specs = ", ".join(f"{list(s.shape)} {str(s.dtype).replace('torch.', '')}"
+                          + (f" stored as permute{s.permutation}" if s.permutation else "")
+                          for s in self.inputs)
+        return f"GraphCase(inputs=[{specs}]){self.gm.code}"
+
+
+class _Builder:
+    """Grows a graph one op at a time, checking each op on small CPU probe tensors of the same shape and dtype (the meta device accepts ops that have no CPU kernel)."""
+
+    def __init__(self, root: torch.nn.Module):
+        self.root = root
+        self.graph = torch.fx.Graph()
+        self.values: list[tuple[torch.fx.Node, torch.Tensor]] = []
+        self.protected: set[torch.fx.Node] = set()
+        self.constants = 0
+
+    def placeholder(self, name: str, spec: TensorSpec) -> None:
+        node = self.graph.placeholder(name)
+        self.values.append((node, torch.ones(spec.shape, dtype=spec.dtype)))
+        self.protected.add(node)
+
+    def call(self, target: Callable, *args: Any, method: bool = False, **kwargs: Any):
+        """Add a call if it is valid on the operands' metadata; return (node, meta) or None."""
+        meta_args = [_meta(a, self) for a in args]
+        meta_kwargs = {k: _meta(v, self) for k, v in kwargs.items()}
+        try:
+            if method:
+                result = getattr(meta_args[0], target)(*meta_args[1:], **meta_kwargs)
+            else:
+                result = target(*meta_args, **meta_kwargs)
+        except (RuntimeError, ValueError, TypeError, IndexError, NotImplementedError):
+            return None
+        if not isinstance(result, torch.Tensor):
+            return None
+        if method:
+            node = self.graph.call_method(target, tuple(args), kwargs)
+        else:
+            node = self.graph.call_function(target, tuple(args), kwargs)
+        self._metas[node] = result
+        self.values.append((node, result))
+        return node, result
+
+    @property
+    def _metas(self) -> dict:
+        if not hasattr(self, "_meta_map"):
+            self._meta_map = {n: m for n, m in self.values}
+        for n, m in self.values:
+            self._meta_map.setdefault(n, m)
+        return self._meta_map
+
+    def constant(self, shape: tuple[int, ...], dtype: torch.dtype, seed: int):
+        name = f"const{self.constants}"
+        self.constants += 1
+        generator = torch.Generator().manual_seed(seed)
+        self.root.register_buffer(name, torch.randn(shape, generator=generator).to(dtype))
+        node = self.graph.get_attr(name)
+        meta = torch.ones(shape, dtype=dtype)
+        self._metas[node] = meta
+        self.values.append((node, meta))
+        return node, meta
+
+
+def _meta(value: Any, builder: _Builder) -> Any:
+    if isinstance(value, torch.fx.Node):
+        return builder._metas[value]
+    if isinstance(value, (list, tuple)):
+        return type(value)(_meta(v, builder) for v in value)
+    return value
+
+
+def _broadcast_variant(draw, base: tuple[int, ...]) -> tuple[int, ...]:
+    drop = draw(st.integers(0, max(len(base) - 1, 0)))
+    shape = list(base[drop:])
+    for i in range(len(shape)):
+        if draw(st.booleans()) and draw(st.booleans()):
+            shape[i] = 1
+    return tuple(shape)
+
+
+@st.composite
+def graphs(draw, *, dtypes: Sequence[torch.dtype] = (torch.float32,), min_ops: int = 1, max_ops: int = 8,
+           max_inputs: int = 3, max_rank: int = 3, max_dim: int = 6, reductions: bool = True,
+           views: bool = True, mutation: bool = False, input_mutation: bool = False,
+           constants: bool = True, permuted_inputs: bool = True) -> GraphCase:
+    """Draw a random valid graph. Keyword switches choose the op families (see module doc)."""
+    rank = draw(st.integers(1, max_rank))
+    base = tuple(draw(st.integers(1, max_dim)) for _ in range(rank))
+    n_inputs = draw(st.integers(1, max_inputs))
+    root = torch.nn.Module()
+    builder = _Builder(root)
+    specs = []
+    for i in range(n_inputs):
+        shape = base if i == 0 else _broadcast_variant(draw, base)
+        dtype = draw(st.sampled_from(list(dtypes)))
+        permutation = None
+        if permuted_inputs and len(shape) > 1 and draw(st.integers(0, 3)) == 0:
+            permutation = tuple(draw(st.permutations(range(len(shape)))))
+        spec = TensorSpec(shape, dtype, permutation)
+        specs.append(spec)
+        builder.placeholder(f"x{i}", spec)
+    families = ["unary", "guarded", "binary", "binary", "scalar"]
+    if reductions:
+        families += ["reduction", "reduction"]
+    if views:
+        families += ["view", "view"]
+    if mutation:
+        families += ["mutation"]
+    if input_mutation:
+        families += ["input_mutation"]
+    if constants:
+        families += ["constant"]
+    n_ops = draw(st.integers(min_ops, max_ops))
+    mutated_input = False
+    attempts = 0
+    while len(builder.values) - n_inputs < n_ops and attempts < n_ops * 6:
+        attempts += 1
+        family = draw(st.sampled_from(families))
+        added = _add_op(draw, builder, family, dtypes)
+        if added == "input_mutation":
+            mutated_input = True
+    float_values = [(n, m) for n, m in builder.values if n.op in ("call_function", "call_method")]
+    if not float_values:
+        _add_op(draw, builder, "unary", dtypes, force=True)
+        float_values = [(n, m) for n, m in builder.values if n.op in ("call_function", "call_method")]
+    outputs = [float_values[-1][0]]
+    for node, _ in float_values[:-1]:
+        if not node.users and draw(st.integers(0, 2)) == 0:
+            outputs.append(node)
+    builder.graph.output(tuple(outputs))
+    gm = torch.fx.GraphModule(root, builder.graph)
+    return GraphCase(gm=gm, inputs=specs, mutates_inputs=mutated_input)
+
+
+def _pick(draw, builder: _Builder, *, floating: bool = True, exclude_inputs: bool = False):
+    candidates = [(n, m) for n, m in builder.values
+                  if (m.dtype.is_floating_point or not floating)
+                  and not (exclude_inputs and n in builder.protected)]
+    if not candidates:
+        return None
+    # Prefer recent values so graphs grow into chains rather than many shallow branches.
+    index = draw(st.integers(0, len(candidates) - 1))
+    index = max(index, draw(st.integers(0, len(candidates) - 1)))
+    return candidates[index]
+
+
+def _add_op(draw, builder: _Builder, family: str, dtypes: Sequence[torch.dtype], force: bool = False):
+    picked = _pick(draw, builder, floating=family not in ("binary", "view"))
+    if picked is None:
+        picked = _pick(draw, builder, floating=False)
+        if picked is None:
+            return None
+    node, meta = picked
+    rank = meta.dim()
+    if family == "unary" or force:
+        return builder.call(draw(st.sampled_from(UNARY)), node)
+    if family == "guarded":
+        return _safe_unary(draw(st.sampled_from(GUARDED_UNARY)), builder, node)
+    if family == "binary":
+        other = _pick(draw, builder, floating=False)
+        fn = draw(st.sampled_from(BINARY + ["where"]))
+        if fn == "where":
+            cond = builder.call(torch.gt, node, other[0])
+            return cond and builder.call(torch.where, cond[0], node, other[0])
+        return builder.call(fn, node, other[0])
+    if family == "scalar":
+        fn = draw(st.sampled_from([torch.add, torch.mul, torch.sub]))
+        scalar = draw(st.sampled_from([0.5, 2.0, -1.5, 3]))
+        return builder.call(fn, node, scalar)
+    if family == "reduction" and rank > 0:
+        return _reduction(draw, builder, node, meta)
+    if family == "view" and rank > 0:
+        return _view(draw, builder, node, meta)
+    if family == "mutation":
+        target = _pick(draw, builder, exclude_inputs=True)
+        if target is None or any(st_ == 0 and sz > 1 for st_, sz in zip(target[1].stride(), target[1].shape)):
+            return None
+        method = draw(st.sampled_from(["add_", "mul_", "relu_"]))
+        if target[1].dim() > 1 and draw(st.booleans()):
+            view = builder.call("transpose", target[0], 0, target[1].dim() - 1, method=True)
+            if view is None:
+                return None
+            target = view
+        args = (target[0],) if method == "relu_" else (target[0], draw(st.sampled_from([0.5, 2.0])))
+        return builder.call(method, *args, method=True)
+    if family == "input_mutation":
+        candidates = [(n, m) for n, m in builder.values if n.op == "placeholder" and m.dtype.is_floating_point]
+        if not candidates:
+            return None
+        target, tmeta = draw(st.sampled_from(candidates))
+        source = _pick(draw, builder)
+        try:
+            torch.broadcast_shapes(tmeta.shape, source[1].shape)
+            if torch.broadcast_shapes(tmeta.shape, source[1].shape) != tmeta.shape:
+                return None
+        except RuntimeError:
+            return None
+        if builder.call("add_", target, source[0], method=True) is None:
+            return None
+        return "input_mutation"
+    if family == "constant":
+        if draw(st.booleans()):
+            const = builder.constant(tuple(meta.shape[-1:]) or (1,), meta.dtype, draw(st.integers(0, 99)))
+            scaled = builder.call(torch.mul, const[0], 0.5)
+            return scaled and builder.call(torch.add, node, scaled[0])
+        full = builder.call(torch.full, tuple(meta.shape), draw(st.sampled_from([0.25, 1.5])), dtype=meta.dtype)
+        return full and builder.call(torch.mul, node, full[0])
+    return None
+
+
+def _safe_unary(name: str, builder: _Builder, node: torch.fx.Node):
+    if name == "exp":
+        bounded = builder.call(torch.tanh, node)
+        return bounded and builder.call(torch.exp, bounded[0])
+    positive = builder.call(torch.abs, node)
+    if positive is None:
+        return None
+    shifted = builder.call(torch.add, positive[0], 1.0)
+    if shifted is None:
+        return None
+    return builder.call({"sqrt": torch.sqrt, "log": torch.log, "reciprocal": torch.reciprocal}[name], shifted[0])
+
+
+def _reduction(draw, builder: _Builder, node: torch.fx.Node, meta: torch.Tensor):
+    rank = meta.dim()
+    kind = draw(st.sampled_from(REDUCTIONS))
+    dim = draw(st.integers(-rank, rank - 1))
+    keepdim = draw(st.booleans())
+    if kind in ("sum", "mean"):
+        dims = sorted(set(draw(st.lists(st.integers(0, rank - 1), min_size=1, max_size=rank))))
+        return builder.call(getattr(torch, kind), node, dims, keepdim)
+    if kind in ("amax", "amin"):
+        return builder.call(getattr(torch, kind), node, [dim], keepdim)
+    if kind == "var":
+        return builder.call(torch.var, node, [dim], correction=0, keepdim=keepdim)
+    if kind == "argmax":
+        return builder.call(torch.argmax, node, dim, keepdim)
+    if kind == "softmax":
+        return builder.call(torch.softmax, node, dim)
+    if kind == "log_softmax":
+        return builder.call(torch.log_softmax, node, dim)
+    return builder.call(torch.nn.functional.layer_norm, node, [meta.shape[-1]])
+
+
+def _view(draw, builder: _Builder, node: torch.fx.Node, meta: torch.Tensor):
+    rank = meta.dim()
+    kind = draw(st.sampled_from(VIEWS))
+    if kind == "permute":
+        return builder.call(torch.permute, node, tuple(draw(st.permutations(range(rank)))))
+    if kind == "transpose":
+        return builder.call(torch.transpose, node, draw(st.integers(0, rank - 1)), draw(st.integers(0, rank - 1)))
+    if kind == "reshape":
+        numel = math.prod(meta.shape)
+        if draw(st.booleans()) or rank == 1:
+            return builder.call(torch.reshape, node, (numel,) if rank > 1 else (1, numel))
+        return builder.call(torch.reshape, node, (-1, meta.shape[-1]))
+    if kind == "unsqueeze":
+        return builder.call(torch.unsqueeze, node, draw(st.integers(0, rank)))
+    if kind == "expand":
+        ones = [i for i, s in enumerate(meta.shape) if s == 1]
+        if not ones:
+            return builder.call(torch.unsqueeze, node, 0)
+        sizes = list(meta.shape)
+        sizes[draw(st.sampled_from(ones))] = draw(st.integers(2, 4))
+        return builder.call("expand", node, *sizes, method=True)
+    dim = draw(st.integers(0, rank - 1))
+    size = meta.shape[dim]
+    start = draw(st.integers(0, max(size - 1, 0)))
+    length = draw(st.integers(1, max(size - start, 1)))
+    return builder.call(torch.narrow, node, dim, start, length)
+
+
+__all__ = ["graphs", "GraphCase", "TensorSpec", "FLOAT_DTYPES", "operator"]
