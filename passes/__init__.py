@@ -15,9 +15,10 @@ from .cse import CommonSubexpressionElimination
 from .dce import DeadCodeElimination
 from .decompose import Decompose, core_aten_check
 from .functionalize import Functionalize
+from .fuse import Fuse
 
 BUILTIN_PASSES = [Capture, Functionalize, Decompose, DeadCodeElimination,
-                  CommonSubexpressionElimination, ConstantFold]
+                  CommonSubexpressionElimination, ConstantFold, Fuse]
 
 
 @hookimpl

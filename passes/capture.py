@@ -61,6 +61,7 @@ class Capture(CapturePass):
         optimized = compat.dynamo_compile(target, backend, fullgraph=opts.fullgraph, dynamic=opts.dynamic)
         unsupported = compat.unsupported_error_types()
         refused = compat.recompile_error_types()
+        backend_failed = compat.backend_failure_types()
         settings = functools.partial(compat.dynamo_settings, recompile_limit=opts.recompile_limit,
                                      fail_on_limit=opts.on_recompile_limit == "error", stance=opts.stance)
 
@@ -69,6 +70,11 @@ class Capture(CapturePass):
                 with settings():
                     return optimized(*args, **kwargs)
             except PipelineError:
+                raise
+            except backend_failed as exc:
+                inner = getattr(exc, "inner_exception", None) or exc.__cause__
+                if isinstance(inner, PipelineError):
+                    raise inner from None
                 raise
             except unsupported as exc:
                 if not opts.fullgraph:

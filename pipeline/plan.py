@@ -291,7 +291,7 @@ def _apply_layer(base: Plan, layer: Any, *, source: str, registry: Registry,
     cache = attrs.evolve(base.cache, **_convert_section(CacheSettings, layer, "cache", source))
     expect = attrs.evolve(base.expect, **_convert_section(Expectations, layer, "expect", source))
     plan = attrs.evolve(base, passes=passes, cache=cache, expect=expect, **fields)
-    _check_order(plan, registry, source, layer)
+    _check_order(plan, registry, source, layer, lines_from_source="passes" in layer)
     return plan
 
 
@@ -323,27 +323,37 @@ def _merge_options(passes: tuple[PassSpec, ...], raw: Any, source: str, registry
                  else p for p in passes)
 
 
-def _check_order(plan: Plan, registry: Registry, source: str, raw: Any) -> None:
-    passes_line = line_of(raw, "passes") if isinstance(raw, dict) else None
+def _check_order(plan: Plan, registry: Registry, source: str, raw: Any, *,
+                 lines_from_source: bool = True) -> None:
+    """Check the capture pass comes first and every ``requires`` is met. Inherited passes
+    (``lines_from_source`` false) carry lines of the parent's file, so their errors point at the
+    key of ``source`` that changed the list (``remove`` or ``options``) instead."""
+    changed = next((k for k in ("passes", "remove", "options") if k in raw), None) \
+        if isinstance(raw, dict) else None
+    passes_line = line_of(raw, changed) if changed else None
+
+    def line_for(spec: PassSpec) -> int | None:
+        return (spec.line if lines_from_source else None) or passes_line
+
     first = plan.passes[0]
     first_cls = registry.passes[first.name].cls
     if first_cls.stage != "capture":
         captures = sorted(n for n, e in registry.passes.items() if e.cls.stage == "capture")
         raise PlanError(f"the first pass must be a capture pass ({', '.join(captures)}), got "
-                        f"'{first.name}'", file=source, line=first.line or passes_line, key="passes[0]")
+                        f"'{first.name}'", file=source, line=line_for(first), key="passes[0]")
     tags: set[str] = set()
     for index, spec in enumerate(plan.passes):
         cls = registry.passes[spec.name].cls
         if index > 0 and cls.stage == "capture":
             raise PlanError(f"'{spec.name}' is a capture pass and can only come first", file=source,
-                            line=spec.line or passes_line, key=f"passes[{index}]")
+                            line=line_for(spec), key=f"passes[{index}]")
         missing = sorted(set(cls.requires) - tags)
         if missing:
             providers = sorted(n for n, e in registry.passes.items()
                                if set(missing) & set(e.cls.provides))
             hint = f"; put one of {', '.join(providers)} before it" if providers else ""
             raise PlanError(f"pass '{spec.name}' requires {', '.join(missing)}, which no earlier pass "
-                            f"provides{hint}", file=source, line=spec.line or passes_line,
+                            f"provides{hint}", file=source, line=line_for(spec),
                             key=f"passes[{index}]")
         tags -= set(cls.invalidates)
         tags |= set(cls.provided(spec.options))

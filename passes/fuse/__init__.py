@@ -1,0 +1,222 @@
+"""``fuse``: group ATen nodes into kernels.
+
+Pointwise chains (with broadcasting and strided inputs) become one group; reductions join the
+pointwise nodes that feed them (prologue) and consume them (epilogue), so softmax, log_softmax,
+layer norm and RMS norm are one group each. Each group becomes one node calling a
+:class:`pipeline.fused.FusedGroup`, which runs the group eagerly until ``codegen`` gives it a kernel.
+Legality (legality.py) is separate from profitability (choices.py); every rejected candidate is
+recorded with its reason.
+"""
+from __future__ import annotations
+
+import operator
+
+import attrs
+import torch
+import torch.fx
+
+from pipeline import Pass, PassContext, option, positive
+from pipeline import compat
+from pipeline.fused import FusedGroup, meta_of, reduction_axes
+
+from .canonicalize import FUSION_DECOMPOSITIONS
+from .choices import FusionChoices
+from .legality import Group, can_grow, classify, creates_cycle, merge_problem, shape_problem
+
+
+@attrs.frozen
+class FuseOptions:
+    max_group_size: int = option(64, "Most ATen nodes one fused group may hold.", check=positive)
+    reductions: bool = option(True, "Fuse reductions with their pointwise prologue and epilogue.")
+    max_notes: int = option(50, "Most rejected-fusion reasons recorded per graph in the report.",
+                            check=positive)
+
+
+class Fuse(Pass):
+    """Group pointwise and reduction nodes into fused kernels (legality apart from scoring)."""
+
+    name = "fuse"
+    Options = FuseOptions
+    version = "1"
+    requires = frozenset({"functional", "aten"})
+    provides = frozenset({"fused"})
+    Choices = FusionChoices
+
+    def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
+        with torch.no_grad():
+            graph = compat.retrace(graph, context.example_inputs, decompositions=FUSION_DECOMPOSITIONS)
+        groups = self.form_groups(graph, context)
+        kept = [g for g in groups if any(classify(n)[0] != "reshape" for n in g.nodes)]
+        if not kept:
+            context.note("no fusable nodes")
+            return graph
+        context.note(f"{len(kept)} fused group(s) from "
+                     f"{sum(len(g.nodes) for g in kept)} nodes")
+        return rebuild(graph, kept)
+
+    def form_groups(self, graph: torch.fx.GraphModule, context: PassContext) -> list[Group]:
+        choices = self.Choices(self.options.max_group_size)
+        group_of: dict[torch.fx.Node, Group] = {}
+        depends_on: dict[torch.fx.Node, frozenset] = {}
+        groups: list[Group] = []
+        notes = 0
+
+        def note(message: str) -> None:
+            nonlocal notes
+            if notes < self.options.max_notes:
+                context.note(message)
+            notes += 1
+
+        order = {n: i for i, n in enumerate(graph.graph.nodes)}
+        for node in graph.graph.nodes:
+            deps = set()
+            for arg in node.all_input_nodes:
+                deps |= depends_on.get(arg, frozenset())
+                if arg in group_of:
+                    deps.add(group_of[arg].id)
+            kind, why = classify(node)
+            if kind == "reduction" and not self.options.reductions:
+                kind, why = None, "reductions are off (fuse.reductions: false)"
+            if kind is None:
+                if node.op == "call_function":
+                    note(f"{node.name}: not fused: {why}")
+                depends_on[node] = frozenset(deps)
+                continue
+            best, best_score = None, None
+            for arg in node.all_input_nodes:
+                group = group_of.get(arg)
+                if group is None or group is best:
+                    continue
+                problem = shape_problem(group, node, kind) or creates_cycle(group, node, depends_on)
+                if problem:
+                    note(f"{node.name} not fused into group {group.id} ({group.nodes[-1].name}): {problem}")
+                    continue
+                score = choices.score(group, node)
+                if score is None:
+                    note(f"{node.name} not fused into group {group.id}: declined by {type(choices).__name__}")
+                    continue
+                if best_score is None or score.bytes_saved > best_score.bytes_saved:
+                    best, best_score = group, score
+            if best is not None:
+                reduced = reduction_axes(node) if kind == "reduction" else best.reduced
+                if kind != "reduction" and can_grow(best, tuple(meta_of(node).shape), node):
+                    best.domain = tuple(meta_of(node).shape)
+                best.add(node, reduced)
+                group_of[node] = best
+                self._merge_siblings(best, node, group_of, depends_on, order, note)
+            elif kind != "reshape":
+                if kind == "reduction":
+                    source = meta_of(node.args[0])
+                    group = Group(len(groups), node, tuple(source.shape), reduction_axes(node))
+                else:
+                    group = Group(len(groups), node, tuple(meta_of(node).shape), ())
+                groups.append(group)
+                group_of[node] = group
+            depends_on[node] = frozenset(deps)
+        return [g for g in groups if g.nodes]
+
+    @staticmethod
+    def _merge_siblings(target: Group, node: torch.fx.Node, group_of: dict, depends_on: dict,
+                        order: dict, note) -> None:
+        """Merge the other groups feeding ``node`` into ``target`` where legal (horizontal fusion
+        of siblings that share inputs and meet again at ``node``)."""
+        for arg in node.all_input_nodes:
+            other = group_of.get(arg)
+            if other is None or other is target or not other.nodes:
+                continue
+            problem = merge_problem(target, other, node, depends_on)
+            if problem:
+                note(f"group {other.id} not merged into group {target.id} at {node.name}: {problem}")
+                continue
+            for member in other.nodes:
+                group_of[member] = target
+            for key, value in list(depends_on.items()):
+                if other.id in value:
+                    depends_on[key] = (value - {other.id}) | {target.id}
+            target.merge(other, order)
+
+
+def rebuild(graph: torch.fx.GraphModule, groups: list[Group]) -> torch.fx.GraphModule:
+    """A new graph where each group is one call of its FusedGroup, scheduled topologically."""
+    group_of = {n: g for g in groups for n in g.nodes}
+    nodes = list(graph.graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
+    units: list = []
+    unit_of: dict = {}
+    for node in nodes:
+        group = group_of.get(node)
+        if group is None:
+            unit_of[node] = node
+            units.append(node)
+        elif group not in unit_of:
+            unit_of[group] = group
+            units.append(group)
+    for node, group in group_of.items():
+        unit_of[node] = group
+
+    def deps(unit) -> set:
+        members = unit.nodes if isinstance(unit, Group) else [unit]
+        out = set()
+        for member in members:
+            for arg in member.all_input_nodes:
+                dep = unit_of[arg]
+                if dep is not unit:
+                    out.add(dep)
+        return out
+
+    remaining = {u: deps(u) for u in units}
+    users: dict = {u: [] for u in units}
+    for unit, ds in remaining.items():
+        for d in ds:
+            users[d].append(unit)
+    ready = sorted([u for u, d in remaining.items() if not d], key=lambda u: _first(u, order))
+    new_graph = torch.fx.Graph()
+    env: dict = {}
+    output_node = None
+    while ready:
+        unit = ready.pop(0)
+        if isinstance(unit, Group):
+            _emit_group(unit, new_graph, env, graph)
+        elif unit.op == "output":
+            output_node = unit
+        else:
+            env[unit] = new_graph.node_copy(unit, lambda n: env[n])
+        for user in users[unit]:
+            remaining[user].discard(unit)
+            if not remaining[user]:
+                ready.append(user)
+                ready.sort(key=lambda u: _first(u, order))
+    new_graph.node_copy(output_node, lambda n: env[n])
+    return torch.fx.GraphModule(graph, new_graph)
+
+
+def _first(unit, order) -> int:
+    return order[unit.nodes[0]] if isinstance(unit, Group) else order[unit]
+
+
+def _emit_group(group: Group, new_graph: torch.fx.Graph, env: dict, graph: torch.fx.GraphModule) -> None:
+    externals: list[torch.fx.Node] = []
+    for node in group.nodes:
+        for arg in node.all_input_nodes:
+            if arg not in group.members and arg not in externals:
+                externals.append(arg)
+    outputs = [n for n in group.nodes if any(u not in group.members for u in n.users)]
+    sub = torch.fx.Graph()
+    sub_env: dict = {}
+    for i, ext in enumerate(externals):
+        placeholder = sub.placeholder(f"in{i}")
+        placeholder.meta = dict(ext.meta)
+        sub_env[ext] = placeholder
+    for node in group.nodes:
+        sub_env[node] = sub.node_copy(node, lambda n: sub_env[n])
+    sub.output(tuple(sub_env[n] for n in outputs))
+    name = f"fused_{group.id}"
+    fused = FusedGroup(name=name, subgraph=torch.fx.GraphModule(graph, sub), domain=tuple(group.domain),
+                       reduced=tuple(group.reduced))
+    call = new_graph.call_function(fused, tuple(env[e] for e in externals))
+    call.meta["val"] = tuple(meta_of(n) for n in outputs)
+    call.meta["fused_group"] = fused
+    for index, node in enumerate(outputs):
+        item = new_graph.call_function(operator.getitem, (call, index))
+        item.meta = dict(node.meta)
+        env[node] = item

@@ -1,0 +1,182 @@
+"""What may fuse. Every rule returns None (legal) or a reason string that the report shows.
+Nothing here decides what *should* fuse: that is ``choices.py``."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+
+from pipeline.fused import POINTWISE, REDUCTIONS, UNIT_RESHAPES, level_of, meta_of, packet_name, reduction_axes
+
+_SUPPORTED_DTYPES = {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8,
+                     torch.int16, torch.int32, torch.int64, torch.bool}
+
+
+class Group:
+    """A group being formed: its nodes in graph order, domain shape, reduced axes and device."""
+
+    def __init__(self, gid: int, node: torch.fx.Node, domain: tuple, reduced: tuple[int, ...]):
+        self.id = gid
+        self.nodes = [node]
+        self.members = {node}
+        self.domain = domain
+        self.reduced = reduced
+        self.device = meta_of(node).device if isinstance(meta_of(node), torch.Tensor) else None
+
+    def add(self, node: torch.fx.Node, reduced: tuple[int, ...]) -> None:
+        self.nodes.append(node)
+        self.members.add(node)
+        self.reduced = reduced
+
+    def merge(self, other: "Group", order: dict) -> None:
+        """Take over ``other``'s nodes (it is emptied), keeping graph order."""
+        self.nodes = sorted(self.nodes + other.nodes, key=order.__getitem__)
+        self.members |= other.members
+        self.reduced = self.reduced or other.reduced
+        other.nodes, other.members = [], set()
+
+    def only_used_inside(self, extra: torch.fx.Node | None = None) -> bool:
+        """True when no value of the group is needed outside it (besides by ``extra``)."""
+        return all(u in self.members or u is extra for n in self.nodes for u in n.users)
+
+    def level(self, node: torch.fx.Node) -> str | None:
+        if packet_name(node.target) in REDUCTIONS:
+            return "outer"
+        return level_of(tuple(meta_of(node).shape), self.domain, self.reduced)
+
+
+def classify(node: torch.fx.Node) -> tuple[str | None, str]:
+    """('pointwise' | 'reduction' | 'reshape', '') for a fusable node, or (None, reason)."""
+    if node.op != "call_function":
+        return None, f"{node.op} node"
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return None, f"{getattr(node.target, '__name__', node.target)} is not an ATen operator"
+    name = packet_name(node.target)
+    value = meta_of(node)
+    if not isinstance(value, torch.Tensor):
+        return None, f"{name} does not produce one tensor"
+    if value.dtype not in _SUPPORTED_DTYPES:
+        return None, f"{name} produces {value.dtype}"
+    if value.device.type not in ("cpu", "cuda"):
+        return None, f"{name} runs on {value.device}"
+    for arg in pytree.tree_leaves((node.args, node.kwargs)):
+        if isinstance(arg, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return None, f"{name} has a symbolic scalar argument"
+        if isinstance(arg, torch.fx.Node) and isinstance(meta_of(arg), (torch.SymInt, torch.SymFloat)):
+            return None, f"{name} takes a symbolic value from the graph"
+        if isinstance(arg, torch.fx.Node) and isinstance(meta_of(arg), torch.Tensor):
+            if meta_of(arg).device != value.device:
+                return None, f"{name} mixes devices"
+            if meta_of(arg).dtype not in _SUPPORTED_DTYPES:
+                return None, f"{name} reads {meta_of(arg).dtype}"
+    if any(not isinstance(s, int) for s in value.shape):
+        return None, f"{name} has dynamic shape {tuple(value.shape)} (static shapes only for now)"
+    if name in POINTWISE:
+        return _pointwise_problem(node, name)
+    if name in REDUCTIONS:
+        if node.kwargs.get("dtype") is not None and name != "aten.sum":
+            return None, f"{name} with dtype= is not supported"
+        return "reduction", ""
+    if name in UNIT_RESHAPES:
+        return "reshape", ""
+    return None, f"{name} is not a pointwise or reduction operator (stays an extern call)"
+
+
+def _pointwise_problem(node: torch.fx.Node, name: str) -> tuple[str | None, str]:
+    if name == "aten.div" and node.kwargs.get("rounding_mode") is not None:
+        return None, "div with rounding_mode"
+    if name in ("aten.div", "prims.div") and not meta_of(node).dtype.is_floating_point:
+        return None, "integer division"
+    if name == "aten._to_copy":
+        extra = set(node.kwargs) - {"dtype", "layout", "device", "memory_format"}
+        src = meta_of(node.args[0])
+        if extra or meta_of(node).device != src.device:
+            return None, "_to_copy that changes more than the dtype"
+    if name == "aten.clamp" and any(isinstance(a, torch.fx.Node) for a in node.args[1:]):
+        return None, "clamp with tensor bounds"
+    return "pointwise", ""
+
+
+def shape_problem(group: Group, node: torch.fx.Node, kind: str) -> str | None:
+    """Why ``node`` cannot join ``group`` because of shapes, levels or device (None if it can)."""
+    value = meta_of(node)
+    if value.device != group.device:
+        return f"device {value.device} differs from the group's {group.device}"
+    inputs = [a for a in node.all_input_nodes if a in group.members]
+    if kind == "reduction":
+        source = meta_of(node.args[0])
+        axes = reduction_axes(node)
+        if tuple(source.shape) != tuple(group.domain):
+            return f"reduces shape {tuple(source.shape)}, group iterates {tuple(group.domain)}"
+        if group.reduced and axes != group.reduced:
+            return f"reduces axes {list(axes)}, group reduces {list(group.reduced)}"
+        if node.args[0] not in group.members or group.level(node.args[0]) != "full":
+            return "its input is not a full-domain value of the group"
+        return None
+    level = level_of(tuple(value.shape), group.domain, group.reduced)
+    if level is None and can_grow(group, tuple(value.shape), node):
+        level = "full"
+    if level is None:
+        return (f"shape {tuple(value.shape)} is neither the group's domain {tuple(group.domain)} nor its "
+                f"reduced shape, and the group cannot grow to it")
+    if kind == "reshape" and level != "outer":
+        return "reshapes are fused only on reduced (outer) values"
+    for arg in inputs:
+        arg_level = group.level(arg)
+        if arg_level is None:
+            return f"input {arg.name} has no level in the group"
+        if level == "outer" and arg_level == "full":
+            return f"consumes full-domain value {arg.name} at the reduced level (needs its own reduction)"
+    if level == "full" and group.reduced:
+        for arg in node.all_input_nodes:
+            if arg in group.members:
+                continue
+            if not _broadcasts_to(meta_of(arg), value):
+                return f"external input {arg.name} does not broadcast to {tuple(value.shape)}"
+    return None
+
+
+def can_grow(group: Group, shape: tuple, node: torch.fx.Node | None) -> bool:
+    """A pointwise group may take a larger domain its own broadcasts to, if none of its values is
+    needed outside (they are then recomputed per element of the larger domain)."""
+    from pipeline.fused import broadcasts_to
+    return (not group.reduced and broadcasts_to(group.domain, shape) and tuple(group.domain) != shape
+            and group.only_used_inside(node))
+
+
+def merge_problem(target: Group, other: Group, node: torch.fx.Node, depends_on: dict) -> str | None:
+    """Why sibling group ``other`` cannot merge into ``target`` as ``node`` joins it (None if it can)."""
+    from pipeline.fused import broadcasts_to
+    if other.device != target.device:
+        return "different devices"
+    if other.reduced:
+        if other.domain != target.domain or (target.reduced and other.reduced != target.reduced):
+            return "reductions over different domains or axes"
+    elif tuple(other.domain) != tuple(target.domain):
+        if not (broadcasts_to(other.domain, target.domain) and other.only_used_inside(node)):
+            return f"domain {tuple(other.domain)} does not broadcast to {tuple(target.domain)}"
+    for a, b in ((other, target), (target, other)):
+        for member in a.nodes:
+            for arg in member.all_input_nodes:
+                if arg not in a.members and arg not in b.members and b.id in depends_on.get(arg, ()):
+                    return f"{arg.name} depends on group {b.id} (merging would create a cycle)"
+    return None
+
+
+def _broadcasts_to(src: Any, dst: torch.Tensor) -> bool:
+    if not isinstance(src, torch.Tensor):
+        return True
+    try:
+        return tuple(torch.broadcast_shapes(tuple(src.shape), tuple(dst.shape))) == tuple(dst.shape)
+    except RuntimeError:
+        return False
+
+
+def creates_cycle(group: Group, node: torch.fx.Node, depends_on: dict) -> str | None:
+    """A node may not join a group if one of its other inputs depends on the group."""
+    for arg in node.all_input_nodes:
+        if arg not in group.members and group.id in depends_on.get(arg, ()):
+            return f"input {arg.name} depends on the group (fusing would create a cycle)"
+    return None

@@ -1,0 +1,264 @@
+"""Generate the plan reference (``docs/plan-reference.md``) from the code that defines plans.
+
+Every pass's section comes from its class: name, plugin, version, stage, invariant tags, docstring
+and the options table from :func:`pipeline.options.describe`, the same declaration the plan loader
+checks against. So the reference cannot drift from what a plan accepts; ``tests/test_docs.py``
+fails when the committed file is stale. Regenerate with::
+
+    python -m pipeline.docgen > docs/plan-reference.md
+
+The output is deterministic: passes and plans sorted by name, no timestamps, no absolute paths and
+no package versions (a version bump or running from a source tree must not change the file).
+"""
+from __future__ import annotations
+
+import inspect
+import sys
+import typing
+from typing import Any, Iterable
+
+import attrs
+import yaml
+
+from .options import OptionInfo, describe, type_name
+from .plan import TOP_LEVEL_KEYS, CacheSettings, Expectations, Plan, load_plan
+from .registry import OWN_DISTRIBUTION, PluginInfo, Registry, get_registry
+
+# What each top-level plan key means. Types and defaults of the keys that are fields of
+# :class:`Plan` are read from the class; the rest are stated here.
+_KEY_DOCS: dict[str, tuple[str | None, str]] = {
+    "name": ("str", "The plan's name, shown in logs, reports and errors. Required unless `extends` is given."),
+    "description": (None, "What the plan is for, one paragraph."),
+    "extends": ("str", "A parent plan: a registered plan name (built-in or shipped by a plugin) or a path "
+                       "to a YAML file, relative to this file. This file's keys then override the parent's "
+                       "(see *Extending a plan*)."),
+    "target": (None, "Device the plan compiles for. `auto` picks `cuda` when any graph input is on a CUDA "
+                     "device, else `cpu`. Passes read it as `context.target`; no built-in pass "
+                     "changes its output on it yet."),
+    "passes": ("list", "The ordered passes. Each entry is a pass name, or one pass name mapped to its "
+                       "options (`- decompose: {table: core-aten}`). The first entry must be a capture pass; "
+                       "no other may be. Required unless `extends` is given; with `extends` it replaces "
+                       "the parent's whole list."),
+    "options": ("mapping", "Only with `extends`: `{pass name: {option: value}}`, merged into the options "
+                           "of the parent's passes of that name (every pass of that name)."),
+    "remove": ("list[str]", "Only with `extends`: names of parent passes to drop (every pass of that name)."),
+    "verify": (None, "`off`: no checks. `final`: on each graph's first call, compare the final graph with "
+                     "the captured graph on the real inputs, and run the registered invariant checks after "
+                     "every pass. `each`: the same, comparing the graph after every pass, so a mismatch "
+                     "names the first pass that changed the result."),
+    "on_error": (None, "`raise`: a failing graph pass or verification raises. `eager`: that graph runs as "
+                       "captured (eagerly) instead, with a warning, and the reason is recorded as a "
+                       "fallback in the compile record."),
+    "cache": (None, "Compile-cache settings (table below). Validated and recorded; the on-disk compile "
+                    "cache that will use them is not built yet."),
+    "expect": (None, "What the compile must achieve (table below); checked after every call that compiled "
+                     "something."),
+}
+
+
+def _plain_text(doc: str | None) -> str:
+    """A docstring as Markdown paragraphs (common indentation removed)."""
+    return inspect.cleandoc(doc) if doc else "(no docstring)"
+
+
+def _cell(text: Any) -> str:
+    """Text safe inside one Markdown table cell."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _yaml_value(value: Any) -> str:
+    """A value as it is written in a plan (``null``, ``false``, ``[]``), not as Python spells it.
+    Strings are shown bare: the plan loader reads ``off`` as a string, not a boolean."""
+    if isinstance(value, str):
+        return value or '""'
+    text = yaml.safe_dump(value, default_flow_style=True, width=1 << 16)
+    return text.removesuffix("\n").removesuffix("\n...").strip()
+
+
+def _options_table(infos: Iterable[OptionInfo]) -> list[str]:
+    infos = list(infos)
+    if not infos:
+        return ["No options."]
+    lines = ["| option | type | default | meaning |", "|---|---|---|---|"]
+    for info in infos:
+        lines.append(f"| `{info.name}` | `{_cell(info.type)}` | `{_cell(_yaml_value(info.default))}` "
+                     f"| {_cell(info.doc)} |")
+    return lines
+
+
+def _plugin_label(info: PluginInfo) -> str:
+    """``distribution (module)`` without the distribution's version (see the module docstring)."""
+    dist = (info.distribution or "").split(" ")[0]
+    return f"`{dist}` (module `{info.module}`)" if dist else f"module `{info.module}`"
+
+
+def _is_builtin(info: PluginInfo) -> bool:
+    return (info.distribution or "").startswith(OWN_DISTRIBUTION)
+
+
+def _tags(tags: Iterable[str]) -> str:
+    return ", ".join(f"`{t}`" for t in sorted(tags)) or "-"
+
+
+def _conditional(cls: type) -> str:
+    """Tags a pass adds only for some options (``Pass.provided``), as seen with its defaults."""
+    extra = set(cls.provided(cls.Options())) - set(cls.provides)
+    return f" (with default options also {_tags(extra)})" if extra else ""
+
+
+def _pass_section(name: str, entry: Any) -> list[str]:
+    cls = entry.cls
+    lines = [f"### `{name}`", "",
+             f"- plugin: {_plugin_label(entry.plugin)}, class `{cls.__module__}.{cls.__qualname__}`",
+             f"- version: `{cls.version}`; stage: `{cls.stage}`",
+             f"- requires: {_tags(cls.requires)}; provides: {_tags(cls.provides)}{_conditional(cls)}; "
+             f"invalidates: {_tags(cls.invalidates)}", "",
+             _plain_text(cls.__doc__), ""]
+    return lines + _options_table(describe(cls.Options)) + [""]
+
+
+def _top_level_keys() -> list[str]:
+    missing = [k for k in TOP_LEVEL_KEYS if k not in _KEY_DOCS]
+    if missing:
+        raise RuntimeError(f"pipeline/docgen.py has no description for plan key(s) {missing}")
+    hints = {f.name: f for f in attrs.fields(Plan)}
+    types = {name: type_name(tp) for name, tp in typing.get_type_hints(Plan).items()}
+    lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for key in TOP_LEVEL_KEYS:
+        stated, meaning = _KEY_DOCS[key]
+        kind = stated or types[key]
+        field = hints.get(key)
+        default = "-"
+        if field is not None and field.default is not attrs.NOTHING:
+            value = field.default
+            default = "see below" if attrs.has(type(value)) else f"`{_cell(_yaml_value(value))}`"
+        lines.append(f"| `{key}` | `{_cell(kind)}` | {default} | {_cell(meaning)} |")
+    return lines
+
+
+def _plans_section(registry: Registry, include_plugins: bool) -> list[str]:
+    lines = ["| plan | passes | verify | on_error | description |", "|---|---|---|---|---|"]
+    for name in sorted(registry.plans):
+        entry = registry.plans[name]
+        if not include_plugins and not _is_builtin(entry.plugin):
+            continue
+        plan = load_plan(name, registry=registry)
+        lines.append(f"| `{name}` | {_cell(' → '.join(plan.pass_names()))} | `{plan.verify}` | "
+                     f"`{plan.on_error}` | {_cell(' '.join(plan.description.split()))} |")
+    return lines
+
+
+def _tags_section(registry: Registry, names: list[str]) -> list[str]:
+    tags: dict[str, dict[str, list[str]]] = {}
+    for name in names:
+        cls = registry.passes[name].cls
+        for role, values in (("provided by", cls.provided(cls.Options())), ("required by", cls.requires),
+                             ("invalidated by", cls.invalidates)):
+            for tag in values:
+                tags.setdefault(tag, {}).setdefault(role, []).append(f"`{name}`")
+    roles = ("provided by", "required by", "invalidated by")
+    lines = [f"| tag | {' | '.join(roles)} | invariant check |", "|---|---|---|---|---|"]
+    for tag in sorted(set(tags) | set(registry.invariants)):
+        checks = [_plugin_label(info) for _, info in registry.invariants.get(tag, [])]
+        cells = [", ".join(tags.get(tag, {}).get(role, [])) or "-" for role in roles]
+        lines.append(f"| `{tag}` | {' | '.join(cells)} | {', '.join(checks) or '-'} |")
+    return lines
+
+
+def plan_reference(include_plugins: bool = False, registry: Registry | None = None) -> str:
+    """The plan reference as Markdown. Only the built-in passes, plans and checks unless
+    ``include_plugins`` (the committed file must not depend on what else is installed)."""
+    registry = registry or get_registry()
+    names = sorted(n for n, e in registry.passes.items() if include_plugins or _is_builtin(e.plugin))
+    if not include_plugins:
+        registry = _builtin_view(registry)
+    out = [
+        "# Plan reference",
+        "",
+        "<!-- Generated by `python -m pipeline.docgen > docs/plan-reference.md`; do not edit by hand. -->",
+        "",
+        "A plan is a YAML file (or a dict in the same shape) that names the passes to run, in order, "
+        "with their options, and the policies around them. Loading validates everything before anything "
+        "compiles: an unknown key, pass or option, a mistyped value, or a pass whose `requires` no earlier "
+        "pass provides is an error naming the file, line and key, with the nearest valid name. "
+        "`pipeline plan resolve PLAN` prints the fully defaulted plan; `pipeline passes` prints the pass "
+        "tables below for every installed plugin.",
+        "",
+        "YAML is read with `yaml.SafeLoader` (a plan never executes code), with two differences: only "
+        "`true`/`false` are booleans (so `verify: off` is the string `off`), and a key given twice in one "
+        "mapping is an error.",
+        "",
+        "## Top-level keys",
+        "",
+        *_top_level_keys(),
+        "",
+        "## Extending a plan",
+        "",
+        "With `extends`, scalar keys replace the parent's, `passes` replaces the whole list, `remove` then "
+        "drops passes by name, `options` then merges options into the remaining passes by name, and "
+        "`cache` and `expect` merge key by key. The same rules apply to the keyword overrides of "
+        "`compile_with_plan(model, plan, **overrides)` (where `extends` is not allowed).",
+        "",
+        "```yaml",
+        "name: my-plan",
+        "extends: default",
+        "options:",
+        "  capture: {fullgraph: true}",
+        "remove: [constant-fold]",
+        "verify: each",
+        "```",
+        "",
+        "## `cache`",
+        "",
+        _plain_text(CacheSettings.__doc__),
+        "",
+        *_options_table(describe(CacheSettings)),
+        "",
+        "## `expect`",
+        "",
+        _plain_text(Expectations.__doc__),
+        "",
+        *_options_table(describe(Expectations)),
+        "",
+        "## Plans",
+        "",
+        *_plans_section(registry, include_plugins),
+        "",
+        "## Invariant tags",
+        "",
+        "A pass declares the tags it `requires`, `provides` and `invalidates`. A plan is rejected at load "
+        "time when a pass requires a tag no earlier pass provides (the capture pass provides `captured`); "
+        "a pass may provide more tags for some options (the table shows each pass with its defaults). "
+        "When `verify` is not `off`, the invariant checks plugins register for a tag run after every pass "
+        "that provides it.",
+        "",
+        *_tags_section(registry, names),
+        "",
+        "## Passes",
+        "",
+    ]
+    for name in names:
+        out.extend(_pass_section(name, registry.passes[name]))
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _builtin_view(registry: Registry) -> Registry:
+    """A registry holding only what the built-in plugin registered."""
+    view = Registry()
+    view.plugins = [p for p in registry.plugins if _is_builtin(p)]
+    view.passes = {n: e for n, e in registry.passes.items() if _is_builtin(e.plugin)}
+    view.plans = {n: e for n, e in registry.plans.items() if _is_builtin(e.plugin)}
+    view.invariants = {t: [c for c in checks if _is_builtin(c[1])] for t, checks in registry.invariants.items()}
+    view.invariants = {t: checks for t, checks in view.invariants.items() if checks}
+    return view
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the reference; ``--all`` includes installed third-party plugins."""
+    args = sys.argv[1:] if argv is None else argv
+    sys.stdout.write(plan_reference(include_plugins="--all" in args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

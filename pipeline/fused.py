@@ -1,0 +1,135 @@
+"""The fused-group description shared by the ``fuse`` pass and every ``codegen`` backend.
+
+After ``fuse``, each group of ATen nodes is one graph node calling a :class:`FusedGroup`: callable,
+it runs its subgraph eagerly (so the graph stays executable and verifiable); backends read the same
+object to generate a kernel. A group iterates over one *domain* shape ``S``. Pointwise groups have no
+reduced axes. Reduction groups reduce the axes ``reduced`` of ``S``; their nodes live at one of two
+levels: *full* (shape ``S``) or *outer* (the reduced shape, with or without kept size-1 axes).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import attrs
+import torch
+import torch.fx
+
+from . import compat
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+# Pointwise operators the backends implement, by overload packet name ("aten.add").
+POINTWISE = {
+    "aten.add", "aten.sub", "aten.mul", "aten.div", "aten.neg", "aten.abs", "aten.exp", "aten.exp2",
+    "aten.expm1", "aten.log", "aten.log1p", "aten.log2", "aten.sqrt", "aten.rsqrt", "aten.reciprocal",
+    "aten.sin", "aten.cos", "aten.tan", "aten.tanh", "aten.sigmoid", "aten.relu", "aten.erf",
+    "aten.floor", "aten.ceil", "aten.trunc", "aten.sign", "aten.maximum", "aten.minimum",
+    "aten.clamp", "aten.clamp_min", "aten.clamp_max", "aten.where", "aten.gt", "aten.ge", "aten.lt",
+    "aten.le", "aten.eq", "aten.ne", "aten.logical_not", "aten.logical_and", "aten.logical_or",
+    "aten.pow", "aten.gelu", "aten.isnan", "aten._to_copy", "aten.clone", "aten.silu",
+    "aten.hardtanh", "aten.leaky_relu", "aten.atan", "aten.asin", "aten.acos", "aten.sinh", "aten.cosh",
+    "prims.div", "prims.convert_element_type", "aten.alias",
+}
+REDUCTIONS = {"aten.sum", "prims.sum", "aten.amax", "aten.amin", "aten.argmax", "aten.argmin", "aten.prod"}
+# Shape-only ops allowed inside a group when they just add or drop size-1 axes of an outer value.
+UNIT_RESHAPES = {"aten.view", "aten._unsafe_view", "aten.unsqueeze", "aten.squeeze", "aten.reshape",
+                 "prims.broadcast_in_dim", "aten.expand"}
+FLOAT_TYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def packet_name(target: Any) -> str:
+    """``aten.add`` for ``aten.add.Tensor`` (the name tables above use)."""
+    if isinstance(target, torch._ops.OpOverload):
+        return f"{target.namespace}.{target._schema.name.split('::')[-1]}"
+    return compat.op_name(target)
+
+
+def meta_of(value: Any) -> Any:
+    """The example value (fake tensor, SymInt or constant) recorded for a node or literal."""
+    if isinstance(value, torch.fx.Node):
+        return value.meta.get("val")
+    return value
+
+
+def reduction_axes(node: torch.fx.Node) -> tuple[int, ...]:
+    """Normalized reduced axes of a reduction node (all axes when none are given)."""
+    src = meta_of(node.args[0])
+    rank = src.dim()
+    name = packet_name(node.target)
+    if name in ("aten.argmax", "aten.argmin"):
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        dims = list(range(rank)) if dim is None else [dim]
+    else:
+        dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+            dims = list(range(rank))
+        if isinstance(dims, int):
+            dims = [dims]
+    return tuple(sorted({d % rank for d in dims})) if rank else ()
+
+
+def static_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@attrs.define(eq=False)
+class FusedGroup:
+    """One fused kernel: its subgraph (placeholders = group inputs, output = tuple of group outputs),
+    the domain shape it iterates and the reduced axes. Calling it runs the subgraph eagerly."""
+
+    name: str
+    subgraph: torch.fx.GraphModule
+    domain: tuple
+    reduced: tuple[int, ...] = ()
+    reasons: list = attrs.field(factory=list)
+
+    @property
+    def kind(self) -> str:
+        return "reduction" if self.reduced else "pointwise"
+
+    def __call__(self, *args: Any) -> tuple:
+        return self.subgraph(*args)
+
+    def __repr__(self) -> str:
+        ops = [packet_name(n.target) for n in self.subgraph.graph.nodes if n.op == "call_function"]
+        return f"<FusedGroup {self.name} {self.kind} domain={list(self.domain)} reduced={list(self.reduced)} ops={ops}>"
+
+    @property
+    def __name__(self) -> str:  # FX prints call targets by name
+        return self.name
+
+    def outer_shape(self) -> tuple:
+        return tuple(s for i, s in enumerate(self.domain) if i not in self.reduced)
+
+
+def level_of(shape: tuple, group_domain: tuple, reduced: tuple[int, ...]) -> str | None:
+    """'outer' when ``shape`` is the reduced shape (reduced axes kept as size 1 or dropped);
+    'full' when it is the domain or broadcasts to it (values are recomputed per domain element);
+    None otherwise."""
+    shape, group_domain = tuple(shape), tuple(group_domain)
+    if reduced:
+        outer = tuple(s for i, s in enumerate(group_domain) if i not in reduced)
+        if shape == outer:
+            return "outer"
+        if len(shape) == len(group_domain) and all(
+                (shape[i] == 1) if i in reduced else (shape[i] == group_domain[i]) for i in range(len(shape))):
+            return "outer"
+    if broadcasts_to(shape, group_domain):
+        return "full"
+    return None
+
+
+def broadcasts_to(shape: tuple, target: tuple) -> bool:
+    """True when a tensor of ``shape`` broadcasts to ``target`` without changing ``target``."""
+    if len(shape) > len(target):
+        return False
+    for s, t in zip(reversed(tuple(shape)), reversed(tuple(target))):
+        if s != t and s != 1:
+            return False
+    return True
+
+
+def numel(shape: tuple) -> Any:
+    return math.prod(shape) if shape else 1
