@@ -10,6 +10,7 @@ import torch.fx
 from pipeline import compat, hookimpl
 
 from .capture import Capture
+from .codegen import Codegen
 from .constant_fold import ConstantFold
 from .cse import CommonSubexpressionElimination
 from .dce import DeadCodeElimination
@@ -18,7 +19,7 @@ from .functionalize import Functionalize
 from .fuse import Fuse
 
 BUILTIN_PASSES = [Capture, Functionalize, Decompose, DeadCodeElimination,
-                  CommonSubexpressionElimination, ConstantFold, Fuse]
+                  CommonSubexpressionElimination, ConstantFold, Fuse, Codegen]
 
 
 @hookimpl

@@ -133,3 +133,27 @@ def broadcasts_to(shape: tuple, target: tuple) -> bool:
 
 def numel(shape: tuple) -> Any:
     return math.prod(shape) if shape else 1
+
+
+class CompiledKernel:
+    """Base of the objects ``codegen`` backends put in place of a :class:`FusedGroup`: callable
+    with the group's inputs, returning the group's outputs, with readable generated source.
+    The engine counts these as the graph's kernels."""
+
+    backend: str = "?"
+
+    def __init__(self, group: FusedGroup, source: str):
+        self.group = group
+        self.source = source
+
+    @property
+    def __name__(self) -> str:
+        return f"{self.backend}_{self.group.name}"
+
+    def __repr__(self) -> str:
+        return f"<{self.backend} kernel {self.group.name}>"
+
+
+def count_kernels(gm: torch.fx.GraphModule) -> int:
+    """Generated kernels called by a graph."""
+    return sum(1 for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, CompiledKernel))

@@ -73,6 +73,10 @@ class GraphCase:
         return f"GraphCase(inputs=[{specs}]){self.gm.code}"
 
 
+_VIEW_TARGETS = {torch.permute, torch.transpose, torch.reshape, torch.unsqueeze, torch.narrow, "expand",
+                 "transpose"}
+
+
 class _Builder:
     """Grows a graph one op at a time, checking each op on small CPU probe tensors of the same shape and dtype (the meta device accepts ops that have no CPU kernel)."""
 
@@ -81,6 +85,7 @@ class _Builder:
         self.graph = torch.fx.Graph()
         self.values: list[tuple[torch.fx.Node, torch.Tensor]] = []
         self.protected: set[torch.fx.Node] = set()
+        self.alias_root: dict[torch.fx.Node, torch.fx.Node] = {}  # whose storage a value aliases
         self.constants = 0
 
     def placeholder(self, name: str, spec: TensorSpec) -> None:
@@ -107,6 +112,9 @@ class _Builder:
             node = self.graph.call_function(target, tuple(args), kwargs)
         self._metas[node] = result
         self.values.append((node, result))
+        aliases = target in _VIEW_TARGETS or (method and str(target).endswith("_"))
+        first = args[0] if args and isinstance(args[0], torch.fx.Node) else None
+        self.alias_root[node] = self.alias_root.get(first, first) if aliases and first is not None else node
         return node, result
 
     @property
@@ -123,6 +131,7 @@ class _Builder:
         generator = torch.Generator().manual_seed(seed)
         self.root.register_buffer(name, torch.randn(shape, generator=generator).to(dtype))
         node = self.graph.get_attr(name)
+        self.protected.add(node)
         meta = torch.ones(shape, dtype=dtype)
         self._metas[node] = meta
         self.values.append((node, meta))
@@ -203,7 +212,7 @@ def graphs(draw, *, dtypes: Sequence[torch.dtype] = (torch.float32,), min_ops: i
 def _pick(draw, builder: _Builder, *, floating: bool = True, exclude_inputs: bool = False):
     candidates = [(n, m) for n, m in builder.values
                   if (m.dtype.is_floating_point or not floating)
-                  and not (exclude_inputs and n in builder.protected)]
+                  and not (exclude_inputs and builder.alias_root.get(n, n) in builder.protected)]
     if not candidates:
         return None
     # Prefer recent values so graphs grow into chains rather than many shallow branches.

@@ -1,0 +1,91 @@
+"""``codegen``: turn every fused group into a generated kernel.
+
+Backend ``cpp``: C++ with OpenMP, compiled by the system compiler into one shared library per
+graph (cached on disk by content hash, compiler, flags and CPU ISA) and called through ctypes from
+the graph's straight-line Python code. Groups the backend cannot compile (dynamic shapes, groups
+on a GPU) keep running eagerly through their FusedGroup, with the reason in the report.
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Literal
+
+import attrs
+import torch
+import torch.fx
+
+from pipeline import Pass, PassContext, option
+from pipeline.fused import CompiledKernel, FusedGroup, meta_of
+from pipeline.loops import UnsupportedGroup, analyze
+
+from .cpp_build import build
+from .cpp_source import kernel_source, module_source
+
+
+@attrs.frozen
+class CodegenOptions:
+    backend: Literal["cpp"] = option("cpp", "cpp: C++/OpenMP kernels for CPU tensors.")
+    emulate_precision_casts: bool = option(
+        True, "Round fp16/bf16 intermediates after every op, as eager does (off: keep fp32 between ops).")
+
+
+class CppKernel(CompiledKernel):
+    """A compiled C++ kernel: allocates the outputs with the strides eager would give them and
+    calls the function with raw pointers. Inputs with unexpected strides run the group eagerly."""
+
+    backend = "cpp"
+
+    def __init__(self, group: FusedGroup, source: str, function, inputs: list, outputs: list):
+        super().__init__(group, source)
+        self.function = function
+        self.in_strides = [tuple(v.stride()) for v in inputs]
+        self.outputs = [(tuple(v.shape), tuple(v.stride()), v.dtype) for v in outputs]
+
+    def __call__(self, *inputs: torch.Tensor) -> tuple:
+        for tensor, strides in zip(inputs, self.in_strides):
+            if tensor.stride() != strides or tensor.device.type != "cpu":
+                return self.group(*inputs)
+        outs = tuple(torch.empty_strided(shape, stride, dtype=dtype) for shape, stride, dtype in self.outputs)
+        self.function(*[t.data_ptr() for t in inputs], *[o.data_ptr() for o in outs])
+        return outs
+
+
+class Codegen(Pass):
+    """Generate a kernel for every fused group (C++/OpenMP on CPU)."""
+
+    name = "codegen"
+    Options = CodegenOptions
+    version = "1"
+    requires = frozenset({"fused"})
+    provides = frozenset({"codegen"})
+
+    def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
+        planned = []
+        for node in graph.graph.nodes:
+            if node.op != "call_function" or not isinstance(node.target, FusedGroup):
+                continue
+            group = node.target
+            if context.target != "cpu":
+                context.note(f"{group.name}: runs eagerly: the cpp backend compiles CPU kernels only")
+                continue
+            try:
+                nest = analyze(group)
+                source = kernel_source(nest, group.name, emulate_precision=self.options.emulate_precision_casts)
+            except (UnsupportedGroup, NotImplementedError) as exc:
+                context.note(f"{group.name}: runs eagerly: {exc}")
+                continue
+            planned.append((node, group, nest, source))
+        if not planned:
+            return graph
+        library, path, hit = build(module_source([source for *_, source in planned]),
+                                   directory=context.plan.cache.dir if context.plan is not None else None)
+        context.note(f"{len(planned)} C++ kernel(s) in {path} ({'cache hit' if hit else 'compiled'})")
+        for node, group, nest, source in planned:
+            function = getattr(library, group.name)
+            placeholders = [n for n in group.subgraph.graph.nodes if n.op == "placeholder"]
+            function.argtypes = [ctypes.c_void_p] * (len(placeholders) + len(nest.outputs))
+            function.restype = None
+            node.target = CppKernel(group, source, function, [meta_of(p) for p in placeholders],
+                                    [meta_of(n) for n, _ in nest.outputs])
+        graph.recompile()
+        return graph

@@ -1,0 +1,198 @@
+"""C++ expressions for each fusable ATen operator (the C++ backend's op table)."""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+
+from pipeline.fused import UNIT_RESHAPES, meta_of, packet_name
+
+C_STORAGE = {torch.float32: "float", torch.float64: "double", torch.float16: "_Float16",
+             torch.bfloat16: "uint16_t", torch.int8: "int8_t", torch.uint8: "uint8_t",
+             torch.int16: "int16_t", torch.int32: "int32_t", torch.int64: "int64_t", torch.bool: "bool"}
+
+
+def compute_type(dtype: torch.dtype) -> str:
+    """The C type arithmetic runs in: fp32 for half types (fp32 accumulation), int64 for ints."""
+    if dtype in (torch.float16, torch.bfloat16, torch.float32):
+        return "float"
+    if dtype == torch.float64:
+        return "double"
+    if dtype == torch.bool:
+        return "bool"
+    return "int64_t"
+
+
+def load_expr(pointer: str, offset: str, dtype: torch.dtype) -> str:
+    if dtype == torch.bfloat16:
+        return f"bf16_to_f({pointer}[{offset}])"
+    return f"({compute_type(dtype)}){pointer}[{offset}]"
+
+
+def store_expr(value: str, dtype: torch.dtype) -> str:
+    if dtype == torch.bfloat16:
+        return f"f_to_bf16({value})"
+    return f"({C_STORAGE[dtype]})({value})"
+
+
+def round_to(dtype: torch.dtype, value: str) -> str:
+    """Round a compute value to ``dtype``'s precision, as eager does after every op."""
+    if dtype == torch.bfloat16:
+        return f"bf16_to_f(f_to_bf16({value}))"
+    if dtype == torch.float16:
+        return f"(float)(_Float16)({value})"
+    return value
+
+
+def literal(value: Any, ctype: str) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return f"(({ctype})INT64_C({value}))"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return f"(({ctype})NAN)"
+        if math.isinf(value):
+            return f"(({ctype})({'-' if value < 0 else ''}INFINITY))"
+        return f"(({ctype}){value!r})"
+    raise TypeError(f"unsupported literal {value!r}")
+
+
+def _dtype_of(value: Any) -> torch.dtype:
+    meta = meta_of(value)
+    if isinstance(meta, torch.Tensor):
+        return meta.dtype
+    if isinstance(meta, bool):
+        return torch.bool
+    if isinstance(meta, int):
+        return torch.int64
+    return torch.float32
+
+
+def promoted(args: list) -> torch.dtype:
+    """The dtype torch computes a comparison in (type promotion of tensors and scalars)."""
+    tensors = [torch.empty((), dtype=meta_of(a).dtype) if isinstance(meta_of(a), torch.Tensor)
+               else meta_of(a) for a in args]
+    result = tensors[0] if len(tensors) == 1 else torch.result_type(tensors[0], tensors[1])
+    return result.dtype if isinstance(result, torch.Tensor) else result
+
+
+def nan_guard(a: str, expr: str, ctype: str) -> str:
+    """``expr`` unless ``a`` is NaN (torch propagates NaN through max/min/clamp/relu)."""
+    if ctype in ("float", "double"):
+        return f"(({a}) != ({a}) ? ({a}) : ({expr}))"
+    return expr
+
+
+def pointwise_expr(node: torch.fx.Node, operand: Callable[[Any, str], str]) -> str:
+    """C expression computing ``node`` in its compute type; ``operand(arg, ctype)`` renders an
+    argument (graph value or literal) converted to ``ctype``."""
+    name = packet_name(node.target)
+    out_dtype = meta_of(node).dtype
+    ct = compute_type(out_dtype)
+    args = list(node.args)
+    kw = node.kwargs
+
+    def a(i: int, ctype: str = ct) -> str:
+        return operand(args[i], ctype)
+
+    if name in UNIT_RESHAPES:
+        return a(0)
+    if name in ("aten.add", "aten.sub"):
+        alpha = kw.get("alpha", 1)
+        rhs = a(1) if alpha == 1 else f"({a(1)} * {literal(alpha, ct)})"
+        return f"({a(0)} {'+' if name == 'aten.add' else '-'} {rhs})"
+    if name == "aten.mul":
+        return f"({a(0)} * {a(1)})"
+    if name in ("aten.div", "prims.div"):
+        return f"({a(0)} / {a(1)})"
+    simple = {"aten.neg": "(-{0})", "aten.exp": "std::exp({0})", "aten.exp2": "std::exp2({0})",
+              "aten.expm1": "std::expm1({0})", "aten.log": "std::log({0})", "aten.log1p": "std::log1p({0})",
+              "aten.log2": "std::log2({0})", "aten.sqrt": "std::sqrt({0})",
+              "aten.rsqrt": "(({t})1 / std::sqrt({0}))", "aten.reciprocal": "(({t})1 / {0})",
+              "aten.sin": "std::sin({0})", "aten.cos": "std::cos({0})", "aten.tan": "std::tan({0})",
+              "aten.tanh": "std::tanh({0})", "aten.atan": "std::atan({0})", "aten.asin": "std::asin({0})",
+              "aten.acos": "std::acos({0})", "aten.sinh": "std::sinh({0})", "aten.cosh": "std::cosh({0})",
+              "aten.sigmoid": "(({t})1 / (({t})1 + std::exp(-{0})))", "aten.erf": "std::erf({0})",
+              "aten.floor": "std::floor({0})", "aten.ceil": "std::ceil({0})", "aten.trunc": "std::trunc({0})",
+              "aten.silu": "({0} / (({t})1 + std::exp(-{0})))", "aten.clone": "{0}", "aten.alias": "{0}",
+              "aten._to_copy": "{0}", "prims.convert_element_type": "{0}"}
+    if name in simple:
+        source_ct = ct
+        if name in ("aten._to_copy", "prims.convert_element_type"):
+            source_ct = compute_type(_dtype_of(args[0]))
+            value = a(0, source_ct)
+            if out_dtype == torch.bool:
+                return f"({value} != 0)"
+            return f"(({ct}){value})"
+        return simple[name].format(a(0), t=ct)
+    if name == "aten.abs":
+        return f"std::abs({a(0)})" if ct != "bool" else a(0)
+    if name == "aten.relu":
+        x = a(0)
+        return nan_guard(x, f"({x} > 0 ? {x} : ({ct})0)", ct)
+    if name in ("aten.maximum", "aten.minimum"):
+        x, y = a(0), a(1)
+        op = ">" if name == "aten.maximum" else "<"
+        return nan_guard(x, nan_guard(y, f"({x} {op} {y} ? {x} : {y})", ct), ct)
+    if name in ("aten.clamp", "aten.clamp_min", "aten.clamp_max", "aten.hardtanh"):
+        x = a(0)
+        if name == "aten.clamp_min":
+            lo, hi = args[1], None
+        elif name == "aten.clamp_max":
+            lo, hi = None, args[1]
+        elif name == "aten.hardtanh":
+            lo = args[1] if len(args) > 1 else -1.0
+            hi = args[2] if len(args) > 2 else 1.0
+        else:
+            lo = args[1] if len(args) > 1 else kw.get("min")
+            hi = args[2] if len(args) > 2 else kw.get("max")
+        expr = x
+        if lo is not None:
+            expr = f"({expr} < {literal(lo, ct)} ? {literal(lo, ct)} : {expr})"
+        if hi is not None:
+            expr = f"({expr} > {literal(hi, ct)} ? {literal(hi, ct)} : {expr})"
+        return nan_guard(x, expr, ct)
+    if name == "aten.leaky_relu":
+        slope = args[1] if len(args) > 1 else 0.01
+        x = a(0)
+        return f"({x} > 0 ? {x} : {x} * {literal(slope, ct)})"
+    if name == "aten.where":
+        return f"({operand(args[0], 'bool')} ? {a(1)} : {a(2)})"
+    if name in ("aten.gt", "aten.ge", "aten.lt", "aten.le", "aten.eq", "aten.ne"):
+        cmp_ct = compute_type(promoted(args[:2]))
+        op = {"aten.gt": ">", "aten.ge": ">=", "aten.lt": "<", "aten.le": "<=", "aten.eq": "==",
+              "aten.ne": "!="}[name]
+        return f"({operand(args[0], cmp_ct)} {op} {operand(args[1], cmp_ct)})"
+    if name == "aten.logical_not":
+        return f"(!{operand(args[0], 'bool')})"
+    if name in ("aten.logical_and", "aten.logical_or"):
+        op = "&&" if name == "aten.logical_and" else "||"
+        return f"({operand(args[0], 'bool')} {op} {operand(args[1], 'bool')})"
+    if name == "aten.isnan":
+        x = operand(args[0], compute_type(_dtype_of(args[0])))
+        return f"({x} != {x})"
+    if name == "aten.pow":
+        if not isinstance(args[0], torch.fx.Node):
+            return f"std::pow({literal(args[0], ct)}, {a(1)})"
+        if not isinstance(args[1], torch.fx.Node):
+            exponent = args[1]
+            x = a(0)
+            if exponent == 2:
+                return f"({x} * {x})"
+            if exponent == 1:
+                return x
+            if exponent == 0.5 and ct in ("float", "double"):
+                return f"std::sqrt({x})"
+            if ct == "int64_t":
+                raise NotImplementedError("integer pow")
+            return f"std::pow({x}, {literal(float(exponent), ct)})"
+        return f"std::pow({a(0)}, {a(1)})"
+    if name == "aten.gelu":
+        x = a(0)
+        if kw.get("approximate", args[1] if len(args) > 1 else "none") == "tanh":
+            return (f"(({ct})0.5 * {x} * (({ct})1 + std::tanh(({ct})0.7978845608028654 * "
+                    f"({x} + ({ct})0.044715 * {x} * {x} * {x}))))")
+        return f"(({ct})0.5 * {x} * (({ct})1 + std::erf({x} * ({ct})0.7071067811865476)))"
+    raise NotImplementedError(f"no C++ for {name}")

@@ -1,0 +1,152 @@
+"""Loop-level analysis of a :class:`FusedGroup`, shared by the code generation backends.
+
+It answers, for static shapes: which domain axes the kernel loops over (after merging axes that
+every access walks contiguously), the level and pass of every node (multi-pass row kernels for
+softmax-like groups), and how each input and output is addressed (one stride per loop axis, 0 for
+broadcast axes). Backends turn this into C++ or Triton without redoing shape reasoning.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import torch
+import torch.fx
+
+from .fused import REDUCTIONS, UNIT_RESHAPES, FusedGroup, level_of, meta_of, packet_name
+
+
+class UnsupportedGroup(Exception):
+    """The group cannot be generated as a kernel (it then runs eagerly, with this reason)."""
+
+
+@attrs.frozen
+class Access:
+    """How one tensor is addressed: element strides per loop axis (0 = broadcast)."""
+
+    strides: tuple[int, ...]
+
+
+@attrs.define(eq=False)
+class LoopNest:
+    """The loops of one kernel and what happens at each node."""
+
+    group: FusedGroup
+    sizes: tuple[int, ...]                      # loop axes after merging
+    reduced: tuple[int, ...]                    # which loop axes are reduced
+    nodes: list[torch.fx.Node]                  # compute nodes in order
+    level: dict                                 # node -> 'full' | 'outer'
+    pass_of: dict                               # full node -> pass; reduction/outer node -> pass it is available at
+    loads: dict                                 # (placeholder, level) -> Access
+    outputs: list[tuple[torch.fx.Node, Access]]
+    passes: int
+
+    @property
+    def outer_axes(self) -> list[int]:
+        return [a for a in range(len(self.sizes)) if a not in self.reduced]
+
+
+def _is_static(values) -> bool:
+    return all(isinstance(v, int) for v in values)
+
+
+def _strides_for(shape: tuple, strides: tuple, level: str, domain: tuple, reduced: tuple) -> list[int]:
+    """Element strides of a tensor (shape, strides) over the domain axes at a level."""
+    rank = len(domain)
+    out = [0] * rank
+    if level == "outer" and reduced and len(shape) != rank:
+        outer_axes = [d for d in range(rank) if d not in reduced]
+        if len(shape) != len(outer_axes):
+            raise UnsupportedGroup(f"cannot map shape {shape} onto outer axes {outer_axes}")
+        for k, d in enumerate(outer_axes):
+            out[d] = strides[k] if shape[k] != 1 else 0
+        return out
+    offset = rank - len(shape)
+    for d in range(rank):
+        k = d - offset
+        if k >= 0 and shape[k] != 1:
+            out[d] = strides[k]
+    return out
+
+
+def analyze(group: FusedGroup) -> LoopNest:
+    """Loop structure of ``group`` (raises :class:`UnsupportedGroup` for dynamic shapes)."""
+    graph = group.subgraph.graph
+    domain = tuple(group.domain)
+    reduced = tuple(group.reduced)
+    if not _is_static(domain):
+        raise UnsupportedGroup(f"dynamic domain {domain}")
+    nodes = [n for n in graph.nodes if n.op == "call_function"]
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    output_node = next(n for n in graph.nodes if n.op == "output")
+    level: dict = {}
+    for node in nodes:
+        if packet_name(node.target) in REDUCTIONS:
+            level[node] = "outer"
+        else:
+            lv = level_of(tuple(meta_of(node).shape), domain, reduced)
+            if lv is None:
+                raise UnsupportedGroup(f"{node.name} has shape {tuple(meta_of(node).shape)} outside the domain")
+            level[node] = lv
+    pass_of: dict = {}
+    for node in nodes:
+        deps = [pass_of[a] for a in node.all_input_nodes if a in pass_of]
+        if packet_name(node.target) in REDUCTIONS:
+            pass_of[node] = (max(deps) if deps else 0) + 1
+        else:
+            pass_of[node] = max(deps) if deps else 0
+    passes = max([pass_of[n] for n in nodes if level[n] == "full"] + [0]) + 1
+    raw_loads: dict = {}
+    for node in nodes:
+        for arg in node.all_input_nodes:
+            if arg.op != "placeholder":
+                continue
+            value = meta_of(arg)
+            if not isinstance(value, torch.Tensor):
+                raise UnsupportedGroup(f"input {arg.name} is not a tensor")
+            if not (_is_static(value.shape) and _is_static(value.stride())):
+                raise UnsupportedGroup(f"input {arg.name} has dynamic shape or strides")
+            read_level = "full" if packet_name(node.target) in REDUCTIONS else level[node]
+            raw_loads[(arg, read_level)] = _strides_for(tuple(value.shape), tuple(value.stride()), read_level,
+                                                        domain, reduced)
+    raw_outputs = []
+    for out in output_node.args[0]:
+        value = meta_of(out)
+        if not (_is_static(value.shape) and _is_static(value.stride())):
+            raise UnsupportedGroup(f"output {out.name} has dynamic shape or strides")
+        raw_outputs.append((out, _strides_for(tuple(value.shape), tuple(value.stride()), level[out], domain, reduced)))
+    sizes, red, loads, outputs = _merge_axes(list(domain), reduced, raw_loads, raw_outputs)
+    del placeholders
+    return LoopNest(group=group, sizes=tuple(sizes), reduced=tuple(red), nodes=nodes, level=level,
+                    pass_of=pass_of, loads={k: Access(tuple(v)) for k, v in loads.items()},
+                    outputs=[(n, Access(tuple(s))) for n, s in outputs], passes=passes)
+
+
+def _merge_axes(sizes: list[int], reduced: tuple, loads: dict, outputs: list):
+    """Merge neighbouring axes of the same kind that every access walks as one (contiguously)."""
+    red = set(reduced)
+    accesses = list(loads.values()) + [s for _, s in outputs]
+    axis = len(sizes) - 2
+    while axis >= 0:
+        a, b = axis, axis + 1
+        same_kind = (a in red) == (b in red)
+        if same_kind and all(acc[a] == acc[b] * sizes[b] for acc in accesses):
+            sizes[a] = sizes[a] * sizes[b]
+            del sizes[b]
+            for acc in accesses:
+                acc[a] = acc[b]
+                del acc[b]
+            red = {x - 1 if x > b else x for x in red if x != b}
+        axis -= 1
+    # Drop size-1 axes: they never change an address.
+    keep = [i for i, s in enumerate(sizes) if s != 1]
+    if len(keep) != len(sizes):
+        remap = {old: new for new, old in enumerate(keep)}
+        sizes = [sizes[i] for i in keep]
+        red = {remap[x] for x in red if x in remap}
+        for acc in accesses:
+            acc[:] = [acc[i] for i in keep]
+    return sizes, tuple(sorted(red)), loads, outputs
+
+
+__all__ = ["analyze", "LoopNest", "Access", "UnsupportedGroup", "UNIT_RESHAPES"]
