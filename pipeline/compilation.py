@@ -15,6 +15,7 @@ import torch.fx
 
 from . import compat
 from .errors import ExpectationError, PassFailure, PipelineError
+from .fused import count_kernels
 from .graph_pass import CaptureContext, PassContext
 from .instruments import PassTimer, Snapshots, SourceDump, copy_graph
 from .manager import BoundPass, PassManager
@@ -111,6 +112,7 @@ class Compilation:
             record.notes = list(context.notes)
             record.tags = sorted(context.tags)
         record.final_code = final.code
+        record.kernels = count_kernels(final)
         record.seconds = time.perf_counter() - start
         self.compile_seconds += record.seconds
         for entry in record.passes:

@@ -104,21 +104,74 @@ class FusedGroup:
         return tuple(s for i, s in enumerate(self.domain) if i not in self.reduced)
 
 
+def outer_axis_map(shape: tuple, domain: tuple, reduced: tuple[int, ...]) -> list | None:
+    """For a value of the reduced ("outer") shape, the domain axis behind each of its axes (None
+    for a kept size-1 reduced axis); None when ``shape`` is not an outer shape."""
+    shape, domain = tuple(shape), tuple(domain)
+    if not reduced:
+        return None
+    outer = [d for d in range(len(domain)) if d not in reduced]
+    if shape == tuple(domain[d] for d in outer):
+        return outer
+    if len(shape) == len(domain) and all(
+            (shape[d] == 1) if d in reduced else (shape[d] == domain[d]) for d in range(len(domain))):
+        return [None if d in reduced else d for d in range(len(domain))]
+    return None
+
+
 def level_of(shape: tuple, group_domain: tuple, reduced: tuple[int, ...]) -> str | None:
-    """'outer' when ``shape`` is the reduced shape (reduced axes kept as size 1 or dropped);
-    'full' when it is the domain or broadcasts to it (values are recomputed per domain element);
-    None otherwise."""
-    shape, group_domain = tuple(shape), tuple(group_domain)
-    if reduced:
-        outer = tuple(s for i, s in enumerate(group_domain) if i not in reduced)
-        if shape == outer:
-            return "outer"
-        if len(shape) == len(group_domain) and all(
-                (shape[i] == 1) if i in reduced else (shape[i] == group_domain[i]) for i in range(len(shape))):
-            return "outer"
+    """'outer' for a reduced shape, 'full' for the domain or a shape that broadcasts to it, else None
+    (shape alone; :func:`node_level` also uses where a value comes from)."""
+    if outer_axis_map(shape, group_domain, reduced) is not None:
+        return "outer"
     if broadcasts_to(shape, group_domain):
         return "full"
     return None
+
+
+def node_level(node: torch.fx.Node, levels: dict, domain: tuple, reduced: tuple[int, ...]) -> tuple[str | None, str]:
+    """The level of ``node`` inside a group whose other nodes have ``levels``, or (None, reason).
+
+    A node reading a full value is full; a node reading only outer values (or none) is outer when
+    its shape is a reduced shape; otherwise it is full, recomputed per domain element. A full node
+    may read an outer value only where eager broadcasting lines the value up with the kept axes.
+    """
+    shape = tuple(meta_of(node).shape)
+    if packet_name(node.target) in REDUCTIONS:
+        source = node.args[0]
+        if tuple(meta_of(source).shape) != tuple(domain) or reduction_axes(node) != tuple(reduced):
+            return None, "reduces other axes or another shape than the group"
+        if levels.get(source, "full") != "full":
+            return None, f"reduces {source.name}, which is not a full-domain value"
+        return "outer", ""
+    inputs = [levels[a] for a in node.all_input_nodes if a in levels]
+    if "full" not in inputs and outer_axis_map(shape, domain, reduced) is not None:
+        return "outer", ""
+    if not broadcasts_to(shape, domain):
+        return None, f"shape {shape} is neither the group's domain {tuple(domain)}, nor broadcasts to it, nor is its reduced shape"
+    for arg in node.all_input_nodes:
+        if levels.get(arg) == "outer" and not _lines_up(tuple(meta_of(arg).shape), domain, reduced):
+            return None, f"reads reduced value {arg.name} of shape {tuple(meta_of(arg).shape)} broadcast along other axes"
+    return "full", ""
+
+
+def _lines_up(shape: tuple, domain: tuple, reduced: tuple[int, ...]) -> bool:
+    mapping = outer_axis_map(shape, domain, reduced)
+    if mapping is None:
+        return False
+    offset = len(domain) - len(shape)
+    return all(size == 1 or mapping[k] == k + offset for k, size in enumerate(shape))
+
+
+def group_levels(nodes: list, domain: tuple, reduced: tuple[int, ...]) -> tuple[dict | None, str]:
+    """Levels of all ``nodes`` (in graph order) of one group, or (None, reason of the first misfit)."""
+    levels: dict = {}
+    for node in nodes:
+        level, why = node_level(node, levels, domain, reduced)
+        if level is None:
+            return None, f"{node.name}: {why}"
+        levels[node] = level
+    return levels, ""
 
 
 def broadcasts_to(shape: tuple, target: tuple) -> bool:

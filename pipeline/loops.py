@@ -13,7 +13,7 @@ import attrs
 import torch
 import torch.fx
 
-from .fused import REDUCTIONS, UNIT_RESHAPES, FusedGroup, level_of, meta_of, packet_name
+from .fused import REDUCTIONS, UNIT_RESHAPES, FusedGroup, group_levels, meta_of, outer_axis_map, packet_name
 
 
 class UnsupportedGroup(Exception):
@@ -50,22 +50,28 @@ def _is_static(values) -> bool:
     return all(isinstance(v, int) for v in values)
 
 
-def _strides_for(shape: tuple, strides: tuple, level: str, domain: tuple, reduced: tuple) -> list[int]:
-    """Element strides of a tensor (shape, strides) over the domain axes at a level."""
+def _strides_for(shape: tuple, strides: tuple, consumer_shape: tuple | None, domain: tuple,
+                 reduced: tuple) -> list[int]:
+    """Element strides over the domain axes of a tensor (shape, strides) read with eager
+    broadcasting by a consumer: right-aligned to the domain for full-level consumers, or to the
+    consumer's reduced shape (``consumer_shape``) for outer-level consumers."""
     rank = len(domain)
     out = [0] * rank
-    if level == "outer" and reduced and len(shape) != rank:
-        outer_axes = [d for d in range(rank) if d not in reduced]
-        if len(shape) != len(outer_axes):
-            raise UnsupportedGroup(f"cannot map shape {shape} onto outer axes {outer_axes}")
-        for k, d in enumerate(outer_axes):
-            out[d] = strides[k] if shape[k] != 1 else 0
-        return out
-    offset = rank - len(shape)
-    for d in range(rank):
-        k = d - offset
-        if k >= 0 and shape[k] != 1:
-            out[d] = strides[k]
+    if consumer_shape is None:
+        axis_of = list(range(rank))
+        target_rank = rank
+    else:
+        axis_of = outer_axis_map(consumer_shape, domain, reduced)
+        if axis_of is None:
+            raise UnsupportedGroup(f"{consumer_shape} is not a reduced shape of {domain}")
+        target_rank = len(consumer_shape)
+    offset = target_rank - len(shape)
+    if offset < 0:
+        raise UnsupportedGroup(f"cannot broadcast {shape} to rank {target_rank}")
+    for k, size in enumerate(shape):
+        axis = axis_of[k + offset]
+        if size != 1 and axis is not None:
+            out[axis] = strides[k]
     return out
 
 
@@ -77,17 +83,10 @@ def analyze(group: FusedGroup) -> LoopNest:
     if not _is_static(domain):
         raise UnsupportedGroup(f"dynamic domain {domain}")
     nodes = [n for n in graph.nodes if n.op == "call_function"]
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     output_node = next(n for n in graph.nodes if n.op == "output")
-    level: dict = {}
-    for node in nodes:
-        if packet_name(node.target) in REDUCTIONS:
-            level[node] = "outer"
-        else:
-            lv = level_of(tuple(meta_of(node).shape), domain, reduced)
-            if lv is None:
-                raise UnsupportedGroup(f"{node.name} has shape {tuple(meta_of(node).shape)} outside the domain")
-            level[node] = lv
+    level, why = group_levels(nodes, domain, reduced)
+    if level is None:
+        raise UnsupportedGroup(why)
     pass_of: dict = {}
     for node in nodes:
         deps = [pass_of[a] for a in node.all_input_nodes if a in pass_of]
@@ -98,6 +97,8 @@ def analyze(group: FusedGroup) -> LoopNest:
     passes = max([pass_of[n] for n in nodes if level[n] == "full"] + [0]) + 1
     raw_loads: dict = {}
     for node in nodes:
+        reads_full = packet_name(node.target) in REDUCTIONS or level[node] == "full"
+        consumer_shape = None if reads_full else tuple(meta_of(node).shape)
         for arg in node.all_input_nodes:
             if arg.op != "placeholder":
                 continue
@@ -106,17 +107,19 @@ def analyze(group: FusedGroup) -> LoopNest:
                 raise UnsupportedGroup(f"input {arg.name} is not a tensor")
             if not (_is_static(value.shape) and _is_static(value.stride())):
                 raise UnsupportedGroup(f"input {arg.name} has dynamic shape or strides")
-            read_level = "full" if packet_name(node.target) in REDUCTIONS else level[node]
-            raw_loads[(arg, read_level)] = _strides_for(tuple(value.shape), tuple(value.stride()), read_level,
-                                                        domain, reduced)
+            raw_loads[(arg, node)] = _strides_for(tuple(value.shape), tuple(value.stride()), consumer_shape,
+                                                  domain, reduced)
     raw_outputs = []
     for out in output_node.args[0]:
         value = meta_of(out)
         if not (_is_static(value.shape) and _is_static(value.stride())):
             raise UnsupportedGroup(f"output {out.name} has dynamic shape or strides")
-        raw_outputs.append((out, _strides_for(tuple(value.shape), tuple(value.stride()), level[out], domain, reduced)))
+        consumer_shape = None if level[out] == "full" else tuple(value.shape)
+        if level[out] == "full" and tuple(value.shape) != domain:
+            raise UnsupportedGroup(f"output {out.name} is broadcast to the domain; it would be written repeatedly")
+        raw_outputs.append((out, _strides_for(tuple(value.shape), tuple(value.stride()), consumer_shape,
+                                              domain, reduced)))
     sizes, red, loads, outputs = _merge_axes(list(domain), reduced, raw_loads, raw_outputs)
-    del placeholders
     return LoopNest(group=group, sizes=tuple(sizes), reduced=tuple(red), nodes=nodes, level=level,
                     pass_of=pass_of, loads={k: Access(tuple(v)) for k, v in loads.items()},
                     outputs=[(n, Access(tuple(s))) for n, s in outputs], passes=passes)

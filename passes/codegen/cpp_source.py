@@ -67,11 +67,11 @@ class KernelWriter:
             terms.append(f"i{axis}" if stride == 1 else f"i{axis} * INT64_C({stride})")
         return " + ".join(terms) or "0"
 
-    def operand(self, level: str):
+    def operand(self, consumer: torch.fx.Node, level: str):
         def render(arg: Any, ctype: str) -> str:
             if isinstance(arg, torch.fx.Node):
                 if arg.op == "placeholder":
-                    access = self.nest.loads[(arg, level)]
+                    access = self.nest.loads[(arg, consumer)]
                     value = load_expr(f"in{self.index[arg]}", self.offset(access.strides, level),
                                       meta_of(arg).dtype)
                 else:
@@ -82,7 +82,7 @@ class KernelWriter:
 
     def compute(self, depth: int, node: torch.fx.Node, level: str) -> None:
         ct = self.ctype(node)
-        expr = pointwise_expr(node, self.operand(level))
+        expr = pointwise_expr(node, self.operand(node, level))
         if self.emulate:
             expr = round_to(meta_of(node).dtype, expr)
         var = f"v_{node.name}"
@@ -255,7 +255,7 @@ class KernelWriter:
         name = packet_name(node.target)
         src = node.args[0]
         src_ct = compute_type(meta_of(src).dtype)
-        value = self.operand("full")(src, src_ct)
+        value = self.operand(node, "full")(src, src_ct)
         acc = f"acc_{node.name}"
         if name in ("aten.sum", "prims.sum"):
             self.emit(depth, f"{acc} += ({self.ctype(node)}){value};")

@@ -124,7 +124,7 @@ class Fuse(Pass):
             other = group_of.get(arg)
             if other is None or other is target or not other.nodes:
                 continue
-            problem = merge_problem(target, other, node, depends_on)
+            problem = merge_problem(target, other, node, depends_on, order)
             if problem:
                 note(f"group {other.id} not merged into group {target.id} at {node.name}: {problem}")
                 continue

@@ -8,7 +8,8 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
-from pipeline.fused import POINTWISE, REDUCTIONS, UNIT_RESHAPES, level_of, meta_of, packet_name, reduction_axes
+from pipeline.fused import (POINTWISE, REDUCTIONS, UNIT_RESHAPES, group_levels, level_of, meta_of, packet_name,
+                           reduction_axes)
 
 _SUPPORTED_DTYPES = {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8,
                      torch.int16, torch.int32, torch.int64, torch.bool}
@@ -104,37 +105,24 @@ def shape_problem(group: Group, node: torch.fx.Node, kind: str) -> str | None:
     value = meta_of(node)
     if value.device != group.device:
         return f"device {value.device} differs from the group's {group.device}"
-    inputs = [a for a in node.all_input_nodes if a in group.members]
+    domain, reduced = tuple(group.domain), tuple(group.reduced)
     if kind == "reduction":
         source = meta_of(node.args[0])
         axes = reduction_axes(node)
-        if tuple(source.shape) != tuple(group.domain):
-            return f"reduces shape {tuple(source.shape)}, group iterates {tuple(group.domain)}"
-        if group.reduced and axes != group.reduced:
-            return f"reduces axes {list(axes)}, group reduces {list(group.reduced)}"
-        if node.args[0] not in group.members or group.level(node.args[0]) != "full":
-            return "its input is not a full-domain value of the group"
-        return None
-    level = level_of(tuple(value.shape), group.domain, group.reduced)
-    if level is None and can_grow(group, tuple(value.shape), node):
-        level = "full"
-    if level is None:
-        return (f"shape {tuple(value.shape)} is neither the group's domain {tuple(group.domain)} nor its "
-                f"reduced shape, and the group cannot grow to it")
-    if kind == "reshape" and level != "outer":
+        if tuple(source.shape) != domain:
+            return f"reduces shape {tuple(source.shape)}, group iterates {domain}"
+        if reduced and axes != reduced:
+            return f"reduces axes {list(axes)}, group reduces {list(reduced)}"
+        if node.args[0] not in group.members:
+            return "its input is not computed by the group"
+        reduced = axes
+    elif can_grow(group, tuple(value.shape), node):
+        domain = tuple(value.shape)
+    levels, why = group_levels(group.nodes + [node], domain, reduced)
+    if levels is None:
+        return why
+    if kind == "reshape" and levels[node] != "outer":
         return "reshapes are fused only on reduced (outer) values"
-    for arg in inputs:
-        arg_level = group.level(arg)
-        if arg_level is None:
-            return f"input {arg.name} has no level in the group"
-        if level == "outer" and arg_level == "full":
-            return f"consumes full-domain value {arg.name} at the reduced level (needs its own reduction)"
-    if level == "full" and group.reduced:
-        for arg in node.all_input_nodes:
-            if arg in group.members:
-                continue
-            if not _broadcasts_to(meta_of(arg), value):
-                return f"external input {arg.name} does not broadcast to {tuple(value.shape)}"
     return None
 
 
@@ -146,7 +134,8 @@ def can_grow(group: Group, shape: tuple, node: torch.fx.Node | None) -> bool:
             and group.only_used_inside(node))
 
 
-def merge_problem(target: Group, other: Group, node: torch.fx.Node, depends_on: dict) -> str | None:
+def merge_problem(target: Group, other: Group, node: torch.fx.Node, depends_on: dict,
+                  order: dict) -> str | None:
     """Why sibling group ``other`` cannot merge into ``target`` as ``node`` joins it (None if it can)."""
     from pipeline.fused import broadcasts_to
     if other.device != target.device:
@@ -157,6 +146,11 @@ def merge_problem(target: Group, other: Group, node: torch.fx.Node, depends_on: 
     elif tuple(other.domain) != tuple(target.domain):
         if not (broadcasts_to(other.domain, target.domain) and other.only_used_inside(node)):
             return f"domain {tuple(other.domain)} does not broadcast to {tuple(target.domain)}"
+    reduced = tuple(target.reduced or other.reduced)
+    merged = sorted(target.nodes + other.nodes, key=lambda n: order[n]) + [node]
+    levels, why = group_levels(merged, tuple(target.domain), reduced)
+    if levels is None:
+        return why
     for a, b in ((other, target), (target, other)):
         for member in a.nodes:
             for arg in member.all_input_nodes:
