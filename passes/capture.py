@@ -62,13 +62,19 @@ class Capture(CapturePass):
         unsupported = compat.unsupported_error_types()
         refused = compat.recompile_error_types()
         backend_failed = compat.backend_failure_types()
-        settings = functools.partial(compat.dynamo_settings, recompile_limit=opts.recompile_limit,
-                                     fail_on_limit=opts.on_recompile_limit == "error", stance=opts.stance)
+        apply = functools.partial(compat.apply_dynamo_settings, recompile_limit=opts.recompile_limit,
+                                  fail_on_limit=opts.on_recompile_limit == "error")
+        if opts.stance != "default":
+            inner = optimized
+
+            def optimized(*args: Any, **kwargs: Any) -> Any:
+                with compat.stance(opts.stance):
+                    return inner(*args, **kwargs)
 
         def run(*args: Any, **kwargs: Any) -> Any:
+            apply()
             try:
-                with settings():
-                    return optimized(*args, **kwargs)
+                return optimized(*args, **kwargs)
             except PipelineError:
                 raise
             except backend_failed as exc:

@@ -135,21 +135,28 @@ def dynamo_compile(fn: Callable, backend: Callable, *, fullgraph: bool, dynamic:
     return torch.compile(fn, backend=backend, fullgraph=fullgraph, dynamic=dynamic)
 
 
-@contextlib.contextmanager
-def dynamo_settings(*, recompile_limit: int, fail_on_limit: bool, stance: str) -> Iterator[None]:
-    """Apply one plan's Dynamo settings for the duration of a call, restoring the old ones."""
+_applied_settings: tuple | None = None
+
+
+def apply_dynamo_settings(*, recompile_limit: int, fail_on_limit: bool) -> None:
+    """Make Dynamo's recompile limit and limit policy those of the plan being called.
+
+    These are process-wide Dynamo settings, read when a frame misses its cache. Writing them
+    costs microseconds, so they are written only when the last plan applied had other values
+    (code that edits ``torch._dynamo.config`` directly is not watched)."""
+    global _applied_settings
+    wanted = (recompile_limit, fail_on_limit)
+    if _applied_settings == wanted:
+        return
     config = torch._dynamo.config
-    old = (config.recompile_limit, config.fail_on_recompile_limit_hit)
     config.recompile_limit = recompile_limit
     config.fail_on_recompile_limit_hit = fail_on_limit
-    try:
-        if stance != "default":
-            with torch.compiler.set_stance(stance):
-                yield
-        else:
-            yield
-    finally:
-        config.recompile_limit, config.fail_on_recompile_limit_hit = old
+    _applied_settings = wanted
+
+
+def stance(name: str):
+    """Context manager applying a torch.compiler stance."""
+    return torch.compiler.set_stance(name)
 
 
 def graph_break_counts() -> dict[str, int]:

@@ -54,7 +54,8 @@ class Compilation:
         self.graph_breaks: list[str] = []
         self.recompiles: list[str] = []
         self.compile_seconds = 0.0
-        self._checked_state: tuple = ()
+        self._checked_version = 0
+        self.version = 0  # bumped by every graph compile; after_call checks only when it moved
         self._break_baseline = compat.graph_break_counts()
         bound = [self._bind(spec) for spec in plan.passes]
         self.capture = bound[0]
@@ -70,6 +71,7 @@ class Compilation:
 
     def compile_graph(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         """Compile one captured graph through the plan's graph passes; returns its callable."""
+        self.version += 1
         self._collect_graph_breaks()
         graph_id = f"g{self._graph_count()}"
         needs_grad = torch.is_grad_enabled() and any(
@@ -118,12 +120,12 @@ class Compilation:
         for entry in record.passes:
             log.debug("%s %s %.2f ms", graph_id, entry["pass"], entry["seconds"] * 1e3)
         if plan.verify == "off":
-            return final
+            return final.forward
         steps = snapshots.items if snapshots is not None else [(self.graph_passes[-1].name, final)
                                                                 if self.graph_passes else ("capture", final)]
         plugins = {b.name: str(b.plugin) for b in self.graph_passes}
         record.verified = "pending first call"
-        return FirstCallVerifier(original=original, steps=steps, compiled=final, record=record,
+        return FirstCallVerifier(original=original, steps=steps, compiled=final.forward, record=record,
                                  plugins=plugins, on_error=plan.on_error, plan=plan)
 
     def _fail(self, exc: PipelineError, record: GraphRecord, original: torch.fx.GraphModule,
@@ -156,10 +158,9 @@ class Compilation:
     def after_call(self) -> None:
         """Pick up graph breaks seen since the last graph and check the plan's expectations.
         Cheap when nothing compiled since the last check."""
-        state = (len(self.graphs), len(self.recompiles), sum(c for c in compat.graph_break_counts().values()))
-        if state == self._checked_state:
+        if self.version == self._checked_version:
             return
-        self._checked_state = state
+        self._checked_version = self.version
         self._collect_graph_breaks()
         self.check_expectations()
 

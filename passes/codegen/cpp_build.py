@@ -15,8 +15,9 @@ from pathlib import Path
 
 from pipeline.errors import PipelineError
 
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno",
+FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno",
          "-ffp-contract=off"]
+LIBS = ["-lmvec", "-lm"]
 _loaded: dict[str, ctypes.CDLL] = {}
 _lock = threading.Lock()
 
@@ -63,7 +64,7 @@ def cache_dir(configured: str | None) -> Path:
 
 def cache_key(source: str) -> str:
     cxx = compiler()
-    material = "\n".join([source, cxx, _compiler_version(cxx), " ".join(FLAGS), cpu_isa()])
+    material = "\n".join([source, cxx, _compiler_version(cxx), " ".join(FLAGS + LIBS), cpu_isa()])
     return hashlib.sha256(material.encode()).hexdigest()[:32]
 
 
@@ -82,7 +83,7 @@ def build(source: str, *, directory: str | None = None) -> tuple[ctypes.CDLL, Pa
             _atomic_write(src_path, source)
             with tempfile.NamedTemporaryFile(dir=folder, suffix=".so", delete=False) as tmp:
                 tmp_path = tmp.name
-            cmd = [compiler(), *FLAGS, str(src_path), "-o", tmp_path]
+            cmd = [compiler(), *FLAGS, str(src_path), "-o", tmp_path, *LIBS]
             result = subprocess.run(cmd, capture_output=True, text=True)
             if result.returncode != 0:
                 os.unlink(tmp_path)

@@ -78,10 +78,16 @@ def promoted(args: list) -> torch.dtype:
     return result.dtype if isinstance(result, torch.Tensor) else result
 
 
+def select(cond: str, a: str, b: str, ctype: str) -> str:
+    """Branch-free ``cond ? a : b`` (a plain ternary can stop GCC from vectorizing the loop when
+    the arms involve calls)."""
+    return f"pp_select<{ctype}>({cond}, {a}, {b})"
+
+
 def nan_guard(a: str, expr: str, ctype: str) -> str:
     """``expr`` unless ``a`` is NaN (torch propagates NaN through max/min/clamp/relu)."""
     if ctype in ("float", "double"):
-        return f"(({a}) != ({a}) ? ({a}) : ({expr}))"
+        return select(f"({a}) != ({a})", a, expr, ctype)
     return expr
 
 
@@ -107,16 +113,16 @@ def pointwise_expr(node: torch.fx.Node, operand: Callable[[Any, str], str]) -> s
         return f"({a(0)} * {a(1)})"
     if name in ("aten.div", "prims.div"):
         return f"({a(0)} / {a(1)})"
-    simple = {"aten.neg": "(-{0})", "aten.exp": "std::exp({0})", "aten.exp2": "std::exp2({0})",
-              "aten.expm1": "std::expm1({0})", "aten.log": "std::log({0})", "aten.log1p": "std::log1p({0})",
-              "aten.log2": "std::log2({0})", "aten.sqrt": "std::sqrt({0})",
+    simple = {"aten.neg": "(-{0})", "aten.exp": "pp_exp({0})", "aten.exp2": "pp_exp2({0})",
+              "aten.expm1": "pp_expm1({0})", "aten.log": "pp_log({0})", "aten.log1p": "pp_log1p({0})",
+              "aten.log2": "pp_log2({0})", "aten.sqrt": "std::sqrt({0})",
               "aten.rsqrt": "(({t})1 / std::sqrt({0}))", "aten.reciprocal": "(({t})1 / {0})",
-              "aten.sin": "std::sin({0})", "aten.cos": "std::cos({0})", "aten.tan": "std::tan({0})",
-              "aten.tanh": "std::tanh({0})", "aten.atan": "std::atan({0})", "aten.asin": "std::asin({0})",
-              "aten.acos": "std::acos({0})", "aten.sinh": "std::sinh({0})", "aten.cosh": "std::cosh({0})",
-              "aten.sigmoid": "(({t})1 / (({t})1 + std::exp(-{0})))", "aten.erf": "std::erf({0})",
+              "aten.sin": "pp_sin({0})", "aten.cos": "pp_cos({0})", "aten.tan": "pp_tan({0})",
+              "aten.tanh": "pp_tanh({0})", "aten.atan": "pp_atan({0})", "aten.asin": "pp_asin({0})",
+              "aten.acos": "pp_acos({0})", "aten.sinh": "pp_sinh({0})", "aten.cosh": "pp_cosh({0})",
+              "aten.sigmoid": "(({t})1 / (({t})1 + pp_exp(-{0})))", "aten.erf": "pp_erf({0})",
               "aten.floor": "std::floor({0})", "aten.ceil": "std::ceil({0})", "aten.trunc": "std::trunc({0})",
-              "aten.silu": "({0} / (({t})1 + std::exp(-{0})))", "aten.clone": "{0}", "aten.alias": "{0}",
+              "aten.silu": "({0} / (({t})1 + pp_exp(-{0})))", "aten.clone": "{0}", "aten.alias": "{0}",
               "aten._to_copy": "{0}", "prims.convert_element_type": "{0}"}
     if name in simple:
         source_ct = ct
@@ -131,11 +137,11 @@ def pointwise_expr(node: torch.fx.Node, operand: Callable[[Any, str], str]) -> s
         return f"std::abs({a(0)})" if ct != "bool" else a(0)
     if name == "aten.relu":
         x = a(0)
-        return nan_guard(x, f"({x} > 0 ? {x} : ({ct})0)", ct)
+        return nan_guard(x, select(f"{x} > 0", x, f"({ct})0", ct), ct)
     if name in ("aten.maximum", "aten.minimum"):
         x, y = a(0), a(1)
         op = ">" if name == "aten.maximum" else "<"
-        return nan_guard(x, nan_guard(y, f"({x} {op} {y} ? {x} : {y})", ct), ct)
+        return nan_guard(x, nan_guard(y, select(f"{x} {op} {y}", x, y, ct), ct), ct)
     if name in ("aten.clamp", "aten.clamp_min", "aten.clamp_max", "aten.hardtanh"):
         x = a(0)
         if name == "aten.clamp_min":
@@ -150,16 +156,16 @@ def pointwise_expr(node: torch.fx.Node, operand: Callable[[Any, str], str]) -> s
             hi = args[2] if len(args) > 2 else kw.get("max")
         expr = x
         if lo is not None:
-            expr = f"({expr} < {literal(lo, ct)} ? {literal(lo, ct)} : {expr})"
+            expr = select(f"{expr} < {literal(lo, ct)}", literal(lo, ct), expr, ct)
         if hi is not None:
-            expr = f"({expr} > {literal(hi, ct)} ? {literal(hi, ct)} : {expr})"
+            expr = select(f"{expr} > {literal(hi, ct)}", literal(hi, ct), expr, ct)
         return nan_guard(x, expr, ct)
     if name == "aten.leaky_relu":
         slope = args[1] if len(args) > 1 else 0.01
         x = a(0)
-        return f"({x} > 0 ? {x} : {x} * {literal(slope, ct)})"
+        return select(f"{x} > 0", x, f"{x} * {literal(slope, ct)}", ct)
     if name == "aten.where":
-        return f"({operand(args[0], 'bool')} ? {a(1)} : {a(2)})"
+        return select(operand(args[0], "bool"), a(1), a(2), ct)
     if name in ("aten.gt", "aten.ge", "aten.lt", "aten.le", "aten.eq", "aten.ne"):
         cmp_ct = compute_type(promoted(args[:2]))
         op = {"aten.gt": ">", "aten.ge": ">=", "aten.lt": "<", "aten.le": "<=", "aten.eq": "==",
@@ -175,7 +181,7 @@ def pointwise_expr(node: torch.fx.Node, operand: Callable[[Any, str], str]) -> s
         return f"({x} != {x})"
     if name == "aten.pow":
         if not isinstance(args[0], torch.fx.Node):
-            return f"std::pow({literal(args[0], ct)}, {a(1)})"
+            return f"pp_pow({literal(args[0], ct)}, {a(1)})"
         if not isinstance(args[1], torch.fx.Node):
             exponent = args[1]
             x = a(0)
@@ -187,12 +193,12 @@ def pointwise_expr(node: torch.fx.Node, operand: Callable[[Any, str], str]) -> s
                 return f"std::sqrt({x})"
             if ct == "int64_t":
                 raise NotImplementedError("integer pow")
-            return f"std::pow({x}, {literal(float(exponent), ct)})"
-        return f"std::pow({a(0)}, {a(1)})"
+            return f"pp_pow({x}, {literal(float(exponent), ct)})"
+        return f"pp_pow({a(0)}, {a(1)})"
     if name == "aten.gelu":
         x = a(0)
         if kw.get("approximate", args[1] if len(args) > 1 else "none") == "tanh":
-            return (f"(({ct})0.5 * {x} * (({ct})1 + std::tanh(({ct})0.7978845608028654 * "
+            return (f"(({ct})0.5 * {x} * (({ct})1 + pp_tanh(({ct})0.7978845608028654 * "
                     f"({x} + ({ct})0.044715 * {x} * {x} * {x}))))")
-        return f"(({ct})0.5 * {x} * (({ct})1 + std::erf({x} * ({ct})0.7071067811865476)))"
+        return f"(({ct})0.5 * {x} * (({ct})1 + pp_erf({x} * ({ct})0.7071067811865476)))"
     raise NotImplementedError(f"no C++ for {name}")
