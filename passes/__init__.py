@@ -4,6 +4,7 @@ plans and invariant checks through the same hooks."""
 from __future__ import annotations
 
 from importlib import resources
+from pathlib import Path
 
 import torch.fx
 
@@ -29,7 +30,10 @@ def pipeline_register_passes() -> list[type]:
 
 @hookimpl
 def pipeline_register_plans() -> list[str]:
-    return [str(resources.files("plans"))]
+    # The plans folder sits next to this package, in a source tree and when installed alike. It is
+    # found by path, not imported, so a user's own `plans/` folder cannot shadow it.
+    here = Path(__file__).resolve().parent.parent / "plans"
+    return [str(here)] if here.is_dir() else [str(resources.files("plans"))]
 
 
 def functional_check(gm: torch.fx.GraphModule) -> str | None:

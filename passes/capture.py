@@ -57,7 +57,7 @@ class Capture(CapturePass):
             failures_seen = compat.guard_failure_counts()
             return compile_graph(gm, example_inputs)
 
-        target = fn._call_impl if isinstance(fn, torch.nn.Module) else fn
+        target = _module_caller(fn) if isinstance(fn, torch.nn.Module) else fn
         optimized = compat.dynamo_compile(target, backend, fullgraph=opts.fullgraph, dynamic=opts.dynamic)
         unsupported = compat.unsupported_error_types()
         refused = compat.recompile_error_types()
@@ -94,6 +94,19 @@ class Capture(CapturePass):
                 raise
 
         return run
+
+
+def _module_caller(module: torch.nn.Module) -> Callable:
+    """A plain function calling the module: Dynamo skips frames whose code lives in torch.nn (for
+    example ``nn.Sequential.forward``), but traces into modules called from user-level code."""
+
+    def call_module(*args: Any, **kwargs: Any) -> Any:
+        return module(*args, **kwargs)
+
+    # A fresh code object per compiled module: Dynamo keeps its cache (and counts recompiles) per
+    # code object, so modules compiled separately must not share one.
+    call_module.__code__ = call_module.__code__.replace()
+    return call_module
 
 
 def _graph_break_message(exc: BaseException) -> str:

@@ -71,4 +71,4 @@ def plan_of(compiled: Any) -> Plan:
     return compilation_of(compiled).plan
 
 
-__all__ = ["compile_with_plan", "compilation_of", "plan_of", "Callable"]
+__all__ = ["compile_with_plan", "compilation_of", "plan_of"]

@@ -202,4 +202,4 @@ class Compilation:
         }
 
 
-__all__ = ["Compilation", "GraphRecord", "PassFailure"]
+__all__ = ["Compilation", "GraphRecord"]

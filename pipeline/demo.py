@@ -57,5 +57,5 @@ def run_demo(plan: str = "default", iterations: int = 200) -> int:
     print(f"correctness vs eager (fp32, fresh random inputs): {'OK' if problem is None else 'MISMATCH: ' + problem}")
     print(f"median per call: eager {eager_ms:.3f} ms, compiled {compiled_ms:.3f} ms, "
           f"speed-up {eager_ms / compiled_ms:.2f}x")
-    print("note: fusion and code generation passes are not built yet; the compiled graph runs ATen ops.")
+    print(f"kernels generated: {sum(r.kernels for r in comp.graphs)} (matmuls stay extern ATen calls)")
     return 0 if problem is None else 1

@@ -32,7 +32,7 @@ class Pass:
 
     name: ClassVar[str] = ""
     Options: ClassVar[type] = NoOptions
-    version: ClassVar[str] = "1"
+    version: ClassVar[str] = ""
     requires: ClassVar[frozenset[str]] = frozenset()
     provides: ClassVar[frozenset[str]] = frozenset()
     invalidates: ClassVar[frozenset[str]] = frozenset()

@@ -27,10 +27,11 @@ TOP_LEVEL_KEYS = ("name", "description", "extends", "target", "passes", "options
 
 @attrs.frozen
 class CacheSettings:
-    """Where compiled artefacts are kept. (The on-disk compile cache itself is not built yet:
-    these settings are validated and recorded, and feed the cache once it lands.)"""
+    """Where compiled artefacts are kept. Today that is the generated C++ kernels (keyed on source,
+    compiler, flags and CPU ISA); caching whole compiled graphs across processes is not built yet."""
 
-    enabled: bool = option(True, "Keep compiled artefacts on disk and reuse them across processes.")
+    enabled: bool = option(True, "Keep compiled kernels on disk and reuse them across processes "
+                                 "(false: build in a private temporary folder).")
     dir: str | None = option(None, "Cache directory; null means $PIPELINE_CACHE_DIR or a per-user default.")
 
 

@@ -91,8 +91,13 @@ class FirstCallVerifier:
     def _mismatch(self, pass_name: str, before: torch.fx.GraphModule, problem: str, args: tuple):
         plugin = self.plugins.get(pass_name, "?")
         repro = write_reproducer(self.record.graph_id, pass_name, before, args, self.plan)
-        message = (f"verification failed on graph {self.record.graph_id}: pass '{pass_name}' from plugin "
-                   f"{plugin} changed the result: {problem}. Reproducer: {repro}")
+        if self.plan.verify == "each":
+            blame = f"pass '{pass_name}' from plugin {plugin} changed the result"
+        else:
+            blame = (f"the graph after the last pass ('{pass_name}') differs from the captured graph "
+                     f"(verify: final cannot tell which pass did it; rerun with verify: each)")
+        message = (f"verification failed on graph {self.record.graph_id}: {blame}: {problem}. "
+                   f"Reproducer: {repro}")
         self.record.verified = f"failed at pass '{pass_name}'"
         if self.on_error == "eager":
             self.record.fallback = message
@@ -106,7 +111,8 @@ class FirstCallVerifier:
 
 def write_reproducer(graph_id: str, pass_name: str, before: torch.fx.GraphModule, args: tuple,
                      plan: Any) -> str:
-    """Write the graph the failing pass received, its inputs' metadata and a one-pass plan."""
+    """Write the graph the failing pass received, its inputs' metadata, and the plan prefix that
+    ends with the failing pass (a valid plan: the passes it requires come before it)."""
     root = Path(os.environ.get("PIPELINE_REPRO_DIR", "pipeline-repro"))
     folder = root / re.sub(r"[^A-Za-z0-9_.-]", "_", f"{graph_id}-{pass_name}")
     folder.mkdir(parents=True, exist_ok=True)
@@ -115,10 +121,13 @@ def write_reproducer(graph_id: str, pass_name: str, before: torch.fx.GraphModule
                "device": str(a.device)} if isinstance(a, torch.Tensor) else {"value": repr(a)}
               for a in args]
     (folder / "inputs.json").write_text(json.dumps(inputs, indent=2))
-    spec = next((s for s in plan.passes if s.name == pass_name), None)
     data = plan.to_data()
+    names = [s.name for s in plan.passes]
+    last = names.index(pass_name) if pass_name in names else len(names) - 1
     data["name"] = f"repro-{pass_name}"
-    data["passes"] = [data["passes"][0]] + ([p for p, s in zip(data["passes"], plan.passes) if s is spec])
+    data["description"] = (f"The plan up to and including '{pass_name}', which changed graph {graph_id}. "
+                           f"graph.py is the graph that pass received.")
+    data["passes"] = data["passes"][:last + 1]
     data["verify"] = "each"
     (folder / "plan.yaml").write_text(dump_yaml(data))
     return str(folder)

@@ -210,3 +210,23 @@ def test_dynamic_shapes_compile_once_for_many_sizes():
         x = torch.randn(rows, 7)
         assert compare(scale_rows(x), compiled(x)) is None
     assert compilation_of(compiled).summary()["graph_count"] == 1
+
+
+def test_bare_torch_nn_modules_are_captured_not_run_eagerly():
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).eval()
+    compiled = compile_with_plan(model, "default")
+    x = torch.randn(8, 16)
+    with torch.no_grad():
+        assert compare(model(x), compiled(x)) is None
+    comp = compilation_of(compiled)
+    assert comp.summary()["graph_count"] == 1
+    assert sum(r.kernels for r in comp.graphs) >= 1
+
+
+def test_many_separately_compiled_modules_do_not_share_a_recompile_budget():
+    x = torch.randn(2, 8)
+    for _ in range(12):
+        model = torch.nn.Linear(8, 8).eval()
+        compiled = compile_with_plan(model, "default", options={"capture": {"recompile_limit": 2}})
+        with torch.no_grad():
+            assert compare(model(x), compiled(x)) is None

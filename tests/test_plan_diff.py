@@ -89,6 +89,7 @@ class _Scale(pipeline.Pass):
 
     name = "diff-test-scale"
     Options = _ScaleOptions
+    version = "1"
 
     def run(self, graph, context):
         return graph

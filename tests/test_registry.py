@@ -171,6 +171,7 @@ class IdentityPass(pipeline.Pass):
 
     name = "registry-test-identity"
     Options = LevelOptions
+    version = "1"
 
     def run(self, graph: torch.fx.GraphModule, context: pipeline.PassContext) -> torch.fx.GraphModule:
         return graph
@@ -222,6 +223,7 @@ class NotAPass:
 
 class RunlessPass(pipeline.Pass):
     name = "registry-test-runless"
+    version = "1"
 
 
 class NoHooks:

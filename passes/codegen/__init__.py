@@ -77,8 +77,10 @@ class Codegen(Pass):
             planned.append((node, group, nest, source))
         if not planned:
             return graph
+        cache = context.plan.cache if context.plan is not None else None
         library, path, hit = build(module_source([source for *_, source in planned]),
-                                   directory=context.plan.cache.dir if context.plan is not None else None)
+                                   directory=cache.dir if cache is not None else None,
+                                   persistent=cache.enabled if cache is not None else True)
         context.note(f"{len(planned)} C++ kernel(s) in {path} ({'cache hit' if hit else 'compiled'})")
         for node, group, nest, source in planned:
             function = getattr(library, group.name)

@@ -68,10 +68,12 @@ def cache_key(source: str) -> str:
     return hashlib.sha256(material.encode()).hexdigest()[:32]
 
 
-def build(source: str, *, directory: str | None = None) -> tuple[ctypes.CDLL, Path, bool]:
+def build(source: str, *, directory: str | None = None,
+          persistent: bool = True) -> tuple[ctypes.CDLL, Path, bool]:
     """Compiled library for ``source`` (from the cache when present); returns (library, path of
-    the source file, whether it was a cache hit). Writes are atomic."""
-    folder = cache_dir(directory)
+    the source file, whether it was a cache hit). Writes are atomic. ``persistent=False`` (plan
+    ``cache.enabled: false``) builds in a private temporary folder that no later process reads."""
+    folder = cache_dir(directory) if persistent else Path(tempfile.mkdtemp(prefix="plan-pipeline-"))
     key = cache_key(source)
     lib_path = folder / f"k_{key}.so"
     src_path = folder / f"k_{key}.cpp"

@@ -347,4 +347,4 @@ def _view(draw, builder: _Builder, node: torch.fx.Node, meta: torch.Tensor):
     return builder.call(torch.narrow, node, dim, start, length)
 
 
-__all__ = ["graphs", "GraphCase", "TensorSpec", "FLOAT_DTYPES", "operator"]
+__all__ = ["graphs", "GraphCase", "TensorSpec", "FLOAT_DTYPES"]
