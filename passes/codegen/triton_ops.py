@@ -1,0 +1,374 @@
+"""Triton expressions for each fusable ATen operator (the Triton backend's op table).
+
+Mirrors ``cpp_ops.py``: values are computed in a *compute type* (fp32 for fp16/bf16/fp32, fp64,
+int64 for integers, int1 for bool), selects are ``tl.where``, and maximum/minimum/relu/clamp
+propagate NaN like eager. Only functions the Triton interpreter also has are used (``tl.exp``,
+``tl.log``, ``tl.sqrt_rn``, ``tl.math.erf``...); tanh, expm1, log1p, sinh, cosh, atan, asin, acos
+and pow are written from those as small ``@triton.jit`` helpers (:data:`HELPERS`) that a
+generated module includes when it uses them. Nothing here imports triton: it writes source.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+import torch.fx
+
+from pipeline.fused import UNIT_RESHAPES, meta_of, packet_name
+
+TL_STORAGE = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
+              torch.bfloat16: "tl.bfloat16", torch.int8: "tl.int8", torch.uint8: "tl.uint8",
+              torch.int16: "tl.int16", torch.int32: "tl.int32", torch.int64: "tl.int64", torch.bool: "tl.int1"}
+# Pointer types of a kernel signature (what triton.compile needs without a launch).
+SIGNATURE_TYPES = {torch.float32: "*fp32", torch.float64: "*fp64", torch.float16: "*fp16",
+                   torch.bfloat16: "*bf16", torch.int8: "*i8", torch.uint8: "*u8", torch.int16: "*i16",
+                   torch.int32: "*i32", torch.int64: "*i64", torch.bool: "*i1"}
+FLOAT_CT = ("tl.float32", "tl.float64")
+
+
+def compute_type(dtype: torch.dtype) -> str:
+    """The Triton type arithmetic runs in: fp32 for half types, int64 for ints, int1 for bool."""
+    if dtype in (torch.float16, torch.bfloat16, torch.float32):
+        return "tl.float32"
+    if dtype == torch.float64:
+        return "tl.float64"
+    if dtype == torch.bool:
+        return "tl.int1"
+    return "tl.int64"
+
+
+def cast(expr: str, source_ct: str, target_ct: str) -> str:
+    if source_ct == target_ct:
+        return expr
+    if target_ct == "tl.int1":
+        return f"({expr} != 0)"
+    return f"({expr}).to({target_ct})"
+
+
+def load_cast(expr: str, dtype: torch.dtype) -> str:
+    """A loaded value (storage type) converted to its compute type."""
+    storage, ct = TL_STORAGE[dtype], compute_type(dtype)
+    return expr if storage == ct else f"{expr}.to({ct})"
+
+
+def store_cast(value: str, dtype: torch.dtype) -> str:
+    storage = TL_STORAGE[dtype]
+    return value if storage == compute_type(dtype) else f"({value}).to({storage})"
+
+
+def round_to(dtype: torch.dtype, value: str) -> str:
+    """Round a compute value to ``dtype``'s precision, as eager does after every op."""
+    if dtype in (torch.float16, torch.bfloat16):
+        return f"({value}).to({TL_STORAGE[dtype]}).to(tl.float32)"
+    return value
+
+
+def literal(value: Any, ct: str) -> str:
+    """A Python scalar as a Triton operand of compute type ``ct`` (fp64 constants are exact)."""
+    if isinstance(value, bool):
+        value = int(value)
+    if ct == "tl.int1":
+        return "True" if value else "False"
+    if ct == "tl.int64":
+        if isinstance(value, float) and not math.isfinite(value):
+            raise NotImplementedError(f"non-finite literal {value} in an integer op")
+        return str(int(value))
+    value = float(value)
+    if math.isnan(value):
+        text = "PP_NAN"
+    elif math.isinf(value):
+        text = "PP_INF" if value > 0 else "-PP_INF"
+    else:
+        text = repr(value)
+    if ct == "tl.float64":
+        return f"tl.full([], {text}, tl.float64)"
+    return text
+
+
+def _dtype_of(value: Any) -> torch.dtype:
+    meta = meta_of(value)
+    if isinstance(meta, torch.Tensor):
+        return meta.dtype
+    if isinstance(meta, bool):
+        return torch.bool
+    if isinstance(meta, int):
+        return torch.int64
+    return torch.float32
+
+
+def promoted(args: list) -> torch.dtype:
+    """The dtype torch computes a comparison in (type promotion of tensors and scalars)."""
+    tensors = [torch.empty((), dtype=meta_of(a).dtype) if isinstance(meta_of(a), torch.Tensor)
+               else meta_of(a) for a in args]
+    result = tensors[0] if len(tensors) == 1 else torch.result_type(tensors[0], tensors[1])
+    return result.dtype if isinstance(result, torch.Tensor) else result
+
+
+def sqrt(x: str, ct: str) -> str:
+    return f"tl.sqrt_rn({x})" if ct == "tl.float32" else f"tl.sqrt({x})"
+
+
+# Helper device functions, by name: (source, helpers it calls). Written only from functions the
+# interpreter has, accurate to a few fp32 ulps (fp64 inputs: exp/log based ones keep fp64 accuracy).
+HELPERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "pp_expm1": ('''
+@triton.jit
+def pp_expm1(x):
+    # Kahan: exact where exp(x) rounds to 1, relative error of a few ulps elsewhere.
+    u = tl.exp(x)
+    um1 = u - 1.0
+    r = tl.where(u == 1.0, x, um1 * x / tl.log(u))
+    r = tl.where(um1 == -1.0, -1.0, r)
+    return tl.where(u == PP_INF, u, r)
+''', ()),
+    "pp_log1p": ('''
+@triton.jit
+def pp_log1p(x):
+    u = 1.0 + x
+    d = u - 1.0
+    r = tl.where(d == 0.0, x, tl.log(u) * x / d)
+    return tl.where(u == PP_INF, u, r)
+''', ()),
+    "pp_tanh": ('''
+@triton.jit
+def pp_tanh(x):
+    t = pp_expm1(-2.0 * tl.abs(x))
+    y = -t / (2.0 + t)
+    return tl.where(x < 0.0, -y, y)
+''', ("pp_expm1",)),
+    "pp_sinh": ('''
+@triton.jit
+def pp_sinh(x):
+    a = tl.abs(x)
+    t = pp_expm1(a)
+    half = tl.where(a > 88.0, tl.exp(a - 0.6931471805599453), 0.5 * tl.exp(a))
+    y = tl.where(a < 1.0, 0.5 * (t + t / (t + 1.0)), half - 0.25 / half)
+    return tl.where(x < 0.0, -y, y)
+''', ("pp_expm1",)),
+    "pp_cosh": ('''
+@triton.jit
+def pp_cosh(x):
+    a = tl.abs(x)
+    half = tl.where(a > 88.0, tl.exp(a - 0.6931471805599453), 0.5 * tl.exp(a))
+    return half + 0.25 / half
+''', ()),
+    "pp_atan": ('''
+@triton.jit
+def pp_atan(x):
+    # Cephes atanf: reduce to |z| <= tan(pi/8), then an odd polynomial (fp32 accuracy).
+    a = tl.abs(x)
+    big = a > 2.414213562373095
+    mid = a > 0.41421356237309503
+    z = tl.where(big, -1.0 / a, tl.where(mid, (a - 1.0) / (a + 1.0), a))
+    base = tl.where(big, 1.5707963267948966, tl.where(mid, 0.7853981633974483, 0.0))
+    z2 = z * z
+    p = (((8.05374449538e-2 * z2 - 1.38776856032e-1) * z2 + 1.99777106478e-1) * z2
+         - 3.33329491539e-1) * z2 * z + z
+    r = base + p
+    return tl.where(x < 0.0, -r, r)
+''', ()),
+    "pp_asin": ('''
+@triton.jit
+def pp_asin(x):
+    return pp_atan(x / tl.sqrt_rn((1.0 - x) * (1.0 + x)))
+''', ("pp_atan",)),
+    "pp_acos": ('''
+@triton.jit
+def pp_acos(x):
+    return 2.0 * pp_atan(tl.sqrt_rn((1.0 - x) / (1.0 + x)))
+''', ("pp_atan",)),
+    "pp_pow": ('''
+@triton.jit
+def pp_pow(x, y):
+    # exp2(y * log2|x|) in fp64 (fp32 would lose digits for large results), signs and specials as torch.
+    r = tl.exp2(y.to(tl.float64) * tl.log2(tl.abs(x).to(tl.float64))).to(x.dtype)
+    whole = tl.math.floor(y) == y
+    odd = whole & (tl.math.floor(y * 0.5) * 2.0 != y)
+    r = tl.where((x < 0.0) & odd, -r, r)
+    r = tl.where((x < 0.0) & (tl.math.floor(y) != y), PP_NAN, r)
+    return tl.where((y == 0.0) | (x == 1.0), 1.0, r)
+''', ()),
+    "pp_mul": ('''
+@triton.jit
+def pp_mul(a, b):
+    return a * b
+''', ()),
+}
+
+
+def helper_source(names: set[str]) -> str:
+    """Source of the helpers named (and the ones they call), callees first."""
+    ordered: list[str] = []
+
+    def visit(name: str) -> None:
+        if name in ordered:
+            return
+        for dep in HELPERS[name][1]:
+            visit(dep)
+        ordered.append(name)
+
+    for name in sorted(names):
+        visit(name)
+    return "".join(HELPERS[n][0] for n in ordered)
+
+
+def pointwise_expr(node, operand: Callable[[Any, str], str], uses: set[str]) -> str:
+    """Triton expression computing ``node`` in its compute type; ``operand(arg, ct)`` renders an
+    argument (graph value or literal) converted to ``ct``; helpers used are added to ``uses``."""
+    name = packet_name(node.target)
+    out_dtype = meta_of(node).dtype
+    ct = compute_type(out_dtype)
+    args = list(node.args)
+    kw = node.kwargs
+    is_float = ct in FLOAT_CT
+
+    def a(i: int, ctype: str = ct) -> str:
+        return operand(args[i], ctype)
+
+    def helper(fn: str, *values: str) -> str:
+        if not is_float:
+            raise NotImplementedError(f"{name} on {out_dtype}")
+        if ct == "tl.float64" and fn in ("pp_atan", "pp_asin", "pp_acos"):
+            raise NotImplementedError(f"{name} in float64 (the Triton helper is fp32-accurate)")
+        uses.add(fn)
+        return f"{fn}({', '.join(values)})"
+
+    if name in UNIT_RESHAPES or name in ("aten.clone", "aten.alias"):
+        return a(0)
+    if name in ("aten.add", "aten.sub"):
+        alpha = kw.get("alpha", 1)
+        rhs = a(1) if alpha == 1 else f"({a(1)} * {literal(alpha, ct)})"
+        return f"({a(0)} {'+' if name == 'aten.add' else '-'} {rhs})"
+    if name == "aten.mul":
+        return f"({a(0)} * {a(1)})"
+    if name in ("aten.div", "prims.div"):
+        return f"({a(0)} / {a(1)})"
+    if name in ("aten._to_copy", "prims.convert_element_type"):
+        source_ct = compute_type(_dtype_of(args[0]))
+        value = cast(a(0, source_ct), source_ct, ct)
+        # An explicit cast to a half type always rounds (it is the point of the cast).
+        return round_to(out_dtype, value) if out_dtype in (torch.float16, torch.bfloat16) else value
+    if name == "aten.neg":
+        return f"(-{a(0)})"
+    float_fns = {"aten.exp": "tl.exp({0})", "aten.exp2": "tl.exp2({0})", "aten.log": "tl.log({0})",
+                 "aten.log2": "tl.log2({0})", "aten.sin": "tl.sin({0})", "aten.cos": "tl.cos({0})",
+                 "aten.tan": "(tl.sin({0}) / tl.cos({0}))", "aten.erf": "tl.math.erf({0})",
+                 "aten.sigmoid": "(1.0 / (1.0 + tl.exp(-{0})))",
+                 "aten.silu": "({0} / (1.0 + tl.exp(-{0})))", "aten.reciprocal": "(1.0 / {0})"}
+    if name in float_fns:
+        if not is_float:
+            raise NotImplementedError(f"{name} on {out_dtype}")
+        x = a(0)
+        return float_fns[name].format(x)
+    if name in ("aten.sqrt", "aten.rsqrt"):
+        if not is_float:
+            raise NotImplementedError(f"{name} on {out_dtype}")
+        return sqrt(a(0), ct) if name == "aten.sqrt" else f"(1.0 / {sqrt(a(0), ct)})"
+    helpers = {"aten.expm1": "pp_expm1", "aten.log1p": "pp_log1p", "aten.tanh": "pp_tanh",
+               "aten.sinh": "pp_sinh", "aten.cosh": "pp_cosh", "aten.atan": "pp_atan",
+               "aten.asin": "pp_asin", "aten.acos": "pp_acos"}
+    if name in helpers:
+        return helper(helpers[name], a(0))
+    if name in ("aten.floor", "aten.ceil", "aten.trunc"):
+        x = a(0)
+        if not is_float:
+            return x
+        if name == "aten.trunc":
+            return f"tl.where({x} < 0.0, tl.math.ceil({x}), tl.math.floor({x}))"
+        return f"tl.math.{name.split('.')[1]}({x})"
+    if name == "aten.sign":
+        if ct == "tl.int1":
+            return a(0)
+        x = a(0)
+        one, zero = literal(1, ct), literal(0, ct)
+        return f"tl.where({x} > {zero}, {one}, tl.where({x} < {zero}, -{one}, {zero}))"
+    if name == "aten.abs":
+        return a(0) if ct == "tl.int1" else f"tl.abs({a(0)})"
+    if name == "aten.relu":
+        x = a(0)
+        zero = literal(0, ct)
+        keep = f"({x} > {zero}) | ({x} != {x})" if is_float else f"{x} > {zero}"
+        return f"tl.where({keep}, {x}, {zero})"
+    if name in ("aten.maximum", "aten.minimum"):
+        x, y = a(0), a(1)
+        op = ">" if name == "aten.maximum" else "<"
+        # NaN wins, as in eager: pick x when it is NaN or beats y, else y (NaN in y then stays).
+        keep = f"({x} {op} {y}) | ({x} != {x})" if is_float else f"{x} {op} {y}"
+        return f"tl.where({keep}, {x}, {y})"
+    if name in ("aten.clamp", "aten.clamp_min", "aten.clamp_max", "aten.hardtanh"):
+        x = a(0)
+        if name == "aten.clamp_min":
+            lo, hi = args[1], None
+        elif name == "aten.clamp_max":
+            lo, hi = None, args[1]
+        elif name == "aten.hardtanh":
+            lo = args[1] if len(args) > 1 else -1.0
+            hi = args[2] if len(args) > 2 else 1.0
+        else:
+            lo = args[1] if len(args) > 1 else kw.get("min")
+            hi = args[2] if len(args) > 2 else kw.get("max")
+        expr = x
+        # Comparisons with NaN are false, so a NaN input passes through both selects.
+        if lo is not None:
+            expr = f"tl.where({expr} < {literal(lo, ct)}, {literal(lo, ct)}, {expr})"
+        if hi is not None:
+            expr = f"tl.where({expr} > {literal(hi, ct)}, {literal(hi, ct)}, {expr})"
+        return expr
+    if name == "aten.leaky_relu":
+        slope = args[1] if len(args) > 1 else 0.01
+        x = a(0)
+        return f"tl.where({x} > {literal(0, ct)}, {x}, {x} * {literal(slope, ct)})"
+    if name == "aten.where":
+        expr = f"tl.where({operand(args[0], 'tl.int1')}, {a(1)}, {a(2)})"
+        if not any(isinstance(v, torch.fx.Node) for v in args[1:]):
+            expr = cast(expr, "?", ct)      # two literals: give the result the node's type
+        return expr
+    if name in ("aten.gt", "aten.ge", "aten.lt", "aten.le", "aten.eq", "aten.ne"):
+        cmp_ct = compute_type(promoted(args[:2]))
+        op = {"aten.gt": ">", "aten.ge": ">=", "aten.lt": "<", "aten.le": "<=", "aten.eq": "==",
+              "aten.ne": "!="}[name]
+        return f"({operand(args[0], cmp_ct)} {op} {operand(args[1], cmp_ct)})"
+    if name == "aten.logical_not":
+        return f"({operand(args[0], 'tl.int1')} == 0)"
+    if name in ("aten.logical_and", "aten.logical_or"):
+        op = "&" if name == "aten.logical_and" else "|"
+        return f"({operand(args[0], 'tl.int1')} {op} {operand(args[1], 'tl.int1')})"
+    if name == "aten.isnan":
+        source_ct = compute_type(_dtype_of(args[0]))
+        x = operand(args[0], source_ct)
+        return f"({x} != {x})"
+    if name == "aten.pow":
+        return _pow(args, ct, a, operand, helper)
+    if name == "aten.gelu":
+        x = a(0)
+        if not is_float:
+            raise NotImplementedError(f"gelu on {out_dtype}")
+        if kw.get("approximate", args[1] if len(args) > 1 else "none") == "tanh":
+            inner = f"0.7978845608028654 * ({x} + 0.044715 * {x} * {x} * {x})"
+            return f"(0.5 * {x} * (1.0 + {helper('pp_tanh', inner)}))"
+        return f"(0.5 * {x} * (1.0 + tl.math.erf({x} * 0.7071067811865476)))"
+    raise NotImplementedError(f"no Triton for {name}")
+
+
+def scalar(value: Any, ct: str) -> str:
+    """A literal as a 0-d Triton tensor of type ``ct`` (for helpers that call methods on it)."""
+    text = literal(value, ct)
+    return text if text.startswith("tl.full(") else f"tl.full([], {text}, {ct})"
+
+
+def _pow(args: list, ct: str, a, operand, helper) -> str:
+    if ct not in FLOAT_CT:
+        raise NotImplementedError("integer pow")
+    if not isinstance(args[0], torch.fx.Node):
+        return helper("pp_pow", scalar(args[0], ct), a(1))
+    if not isinstance(args[1], torch.fx.Node):
+        exponent, x = args[1], a(0)
+        if isinstance(exponent, bool):
+            exponent = int(exponent)
+        simple = {2: f"({x} * {x})", 1: x, 3: f"({x} * {x} * {x})", 0.5: sqrt(x, ct),
+                  -1: f"(1.0 / {x})", -0.5: f"(1.0 / {sqrt(x, ct)})", 0: f"tl.where({x} == {x}, {literal(1.0, ct)}, {literal(1.0, ct)})"}
+        if exponent in simple:
+            return simple[exponent]
+        return helper("pp_pow", x, scalar(float(exponent), ct))
+    return helper("pp_pow", a(0), a(1))
