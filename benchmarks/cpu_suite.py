@@ -28,19 +28,24 @@ from pipeline import compilation_of, compile_with_plan  # noqa: E402
 from pipeline.numerics import compare  # noqa: E402
 
 
-def timed(fn, args, *, min_time: float, min_runs: int) -> float:
-    """Median wall time per call in ms."""
-    for _ in range(3):
-        fn(*args)
-    times: list[float] = []
-    start_all = time.perf_counter()
-    while len(times) < min_runs or time.perf_counter() - start_all < min_time:
-        start = time.perf_counter()
-        fn(*args)
-        times.append((time.perf_counter() - start) * 1e3)
-        if len(times) >= 2000:
-            break
-    return statistics.median(times)
+def timed_interleaved(fns: dict, args, *, rounds: int, batch_time: float) -> dict:
+    """Median ms per call of each function. The functions take turns in ``rounds`` rounds so that
+    drift on a shared machine (other processes, frequency changes) hits them alike; each round
+    times a batch of calls, and the result is the median over rounds of the per-batch median."""
+    for fn in fns.values():
+        for _ in range(3):
+            fn(*args)
+    per_round: dict = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times: list[float] = []
+            start_all = time.perf_counter()
+            while len(times) < 3 or time.perf_counter() - start_all < batch_time:
+                start = time.perf_counter()
+                fn(*args)
+                times.append((time.perf_counter() - start) * 1e3)
+            per_round[name].append(statistics.median(times))
+    return {name: statistics.median(values) for name, values in per_round.items()}
 
 
 def relerr(expected: torch.Tensor, actual: torch.Tensor) -> float:
@@ -73,21 +78,18 @@ def main() -> int:
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     parser.add_argument("--plan", default="cpu-inference")
     args = parser.parse_args()
-    min_time, min_runs = (0.3, 5) if args.quick else (2.0, 20)
+    rounds, batch_time = (3, 0.1) if args.quick else (9, 0.25)
     rows = []
     with torch.no_grad():
         for name, model, inputs in cpu_workloads():
             row: dict = {"workload": name}
             expected = model(*inputs)
-            row["eager_ms"] = timed(model, inputs, min_time=min_time, min_runs=min_runs)
             torch._dynamo.reset()
             start = time.perf_counter()
             inductor = torch.compile(model)
             got = inductor(*inputs)
             row["inductor_compile_s"] = time.perf_counter() - start
             row["inductor_relerr"] = relerr(expected, got)
-            row["inductor_ms"] = timed(inductor, inputs, min_time=min_time, min_runs=min_runs)
-            torch._dynamo.reset()
             start = time.perf_counter()
             ours = compile_with_plan(model, args.plan)
             got = ours(*inputs)
@@ -97,7 +99,9 @@ def main() -> int:
             comp = compilation_of(ours)
             row["ours_kernels"] = sum(r.kernels for r in comp.graphs)
             row["ours_graphs"] = comp.summary()["graph_count"]
-            row["ours_ms"] = timed(ours, inputs, min_time=min_time, min_runs=min_runs)
+            times = timed_interleaved({"eager": model, "inductor": inductor, "ours": ours}, inputs,
+                                      rounds=rounds, batch_time=batch_time)
+            row.update({f"{k}_ms": v for k, v in times.items()})
             row["speedup_inductor"] = row["eager_ms"] / row["inductor_ms"]
             row["speedup_ours"] = row["eager_ms"] / row["ours_ms"]
             rows.append(row)
@@ -123,7 +127,8 @@ def markdown(result: dict) -> str:
     m = result["machine"]
     lines = [f"# CPU benchmark {result['date']} (commit {result['commit']})", "",
              f"Machine: {m['cpu']}, {m['cores']} cores, {m['threads']} torch threads, torch {m['torch']}. "
-             f"Plan: `{result['plan']}`. Median ms per call.", "",
+             f"Plan: `{result['plan']}`. Median ms per call; eager, Inductor and ours take turns in "
+             f"interleaved rounds.", "",
              "| workload | eager | Inductor | ours | Inductor speed-up | our speed-up | our kernels | our relerr |",
              "|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:

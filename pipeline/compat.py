@@ -150,7 +150,8 @@ def apply_dynamo_settings(*, recompile_limit: int, fail_on_limit: bool) -> None:
         return
     config = torch._dynamo.config
     config.recompile_limit = recompile_limit
-    config.fail_on_recompile_limit_hit = fail_on_limit
+    if hasattr(config, "fail_on_recompile_limit_hit"):
+        config.fail_on_recompile_limit_hit = fail_on_limit
     _applied_settings = wanted
 
 

@@ -2,8 +2,17 @@
 
 Backend ``cpp``: C++ with OpenMP, compiled by the system compiler into one shared library per
 graph (cached on disk by content hash, compiler, flags and CPU ISA) and called through ctypes from
-the graph's straight-line Python code. Groups the backend cannot compile (dynamic shapes, groups
-on a GPU) keep running eagerly through their FusedGroup, with the reason in the report.
+the graph's straight-line Python code.
+
+Backend ``triton``: one ``@triton.jit`` kernel per group (triton_source.py), written to a file
+named by its content hash and launched by a :class:`~.triton_runtime.TritonKernel` on CUDA
+tensors. On CPU targets the kernels run only under ``TRITON_INTERPRET=1`` (how CI tests them);
+otherwise CPU groups stay eager with a note. Triton is imported only when this backend runs.
+
+Backend ``auto``: ``cpp`` for CPU targets, ``triton`` for CUDA targets. Both backends read the
+same :class:`pipeline.loops.LoopNest`. Groups a backend cannot compile (dynamic shapes, groups on
+another device, unsupported ops) keep running eagerly through their FusedGroup, with the reason in
+the report.
 """
 from __future__ import annotations
 
@@ -24,7 +33,9 @@ from .cpp_source import kernel_source, module_source
 
 @attrs.frozen
 class CodegenOptions:
-    backend: Literal["cpp"] = option("cpp", "cpp: C++/OpenMP kernels for CPU tensors.")
+    backend: Literal["cpp", "triton", "auto"] = option(
+        "cpp", "cpp: C++/OpenMP kernels for CPU tensors; triton: Triton kernels for CUDA tensors (CPU "
+               "tensors only under TRITON_INTERPRET=1); auto: cpp for CPU targets, triton for CUDA targets.")
     emulate_precision_casts: bool = option(
         True, "Round fp16/bf16 intermediates after every op, as eager does (off: keep fp32 between ops).")
 
@@ -51,7 +62,7 @@ class CppKernel(CompiledKernel):
 
 
 class Codegen(Pass):
-    """Generate a kernel for every fused group (C++/OpenMP on CPU)."""
+    """Generate a kernel for every fused group (C++/OpenMP on CPU, Triton on CUDA)."""
 
     name = "codegen"
     Options = CodegenOptions
@@ -60,6 +71,12 @@ class Codegen(Pass):
     provides = frozenset({"codegen"})
 
     def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
+        backend = self.options.backend
+        if backend == "auto":
+            backend = "triton" if context.target == "cuda" else "cpp"
+        if backend == "triton":
+            from .triton_runtime import generate   # imports triton lazily
+            return generate(graph, context, emulate_precision=self.options.emulate_precision_casts)
         planned = []
         for node in graph.graph.nodes:
             if node.op != "call_function" or not isinstance(node.target, FusedGroup):

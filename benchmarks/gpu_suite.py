@@ -1,0 +1,181 @@
+"""GPU benchmark (H200): eager vs torch.compile (Inductor default, max-autotune-no-cudagraphs) vs our
+plans, in one run. Prints a table; writes JSON (and a PNG plot when matplotlib is present).
+
+    python benchmarks/gpu_suite.py --out "$OUT" [--only softmax,layernorm] [--skip-autotune]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workloads import MLP  # noqa: E402
+
+from pipeline import compilation_of, compile_with_plan  # noqa: E402
+
+COPY_BANDWIDTH = 4.26e12  # bytes/s, measured device copy (read + write) on the H200
+
+
+def gelu_epilogue(x, w, b, s):
+    return F.gelu(x @ w + b) * s
+
+
+def layer_norm_gelu_residual(x, w, b):
+    return F.gelu(F.layer_norm(x, (x.shape[-1],), w, b)) + x
+
+
+def softmax(x):
+    return torch.softmax(x, dim=-1)
+
+
+def gpt2(layers: int = 12):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    config = GPT2Config(n_layer=layers, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024)
+    config._attn_implementation = "sdpa"
+    model = GPT2LMHeadModel(config).eval().to("cuda", torch.bfloat16)
+
+    class Prefill(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids):
+            return self.model(input_ids=ids, use_cache=False).logits
+
+    return Prefill()
+
+
+def workloads(dev: str = "cuda"):
+    bf = torch.bfloat16
+
+    def r(*shape, dtype=torch.float32):
+        return torch.randn(*shape, device=dev, dtype=dtype)
+
+    yield "mlp 8xLinear(256) b128 fp32", lambda: (MLP().to(dev).eval(), (r(128, 256),)), None
+    yield ("gelu(x@w+b)*s 8192x4096 bf16",
+           lambda: (gelu_epilogue, (r(8192, 4096, dtype=bf), r(4096, 4096, dtype=bf) * 0.02,
+                                    r(4096, dtype=bf), r(4096, dtype=bf))), None)
+    yield ("layernorm+gelu+residual 8192x4096 bf16",
+           lambda: (layer_norm_gelu_residual, (r(8192, 4096, dtype=bf), r(4096, dtype=bf), r(4096, dtype=bf))),
+           2 * 8192 * 4096 * 2)
+    yield "softmax 8192x8192 bf16", lambda: (softmax, (r(8192, 8192, dtype=bf),)), 2 * 8192 * 8192 * 2
+    yield ("gpt2 12L prefill b8 s512 bf16",
+           lambda: (gpt2(), (torch.randint(0, 50257, (8, 512), device=dev),)), None)
+
+
+def cuda_time(fn, args, *, iters: int = 50, rounds: int = 5) -> float:
+    """Median over rounds of the mean ms per call, timed with CUDA events."""
+    for _ in range(5):
+        fn(*args)
+    torch.cuda.synchronize()
+    results = []
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn(*args)
+        end.record()
+        torch.cuda.synchronize()
+        results.append(start.elapsed_time(end) / iters)
+    return statistics.median(results)
+
+
+def relerr(expected, actual) -> float:
+    e, a = expected.double(), actual.double()
+    return float((e - a).norm() / e.norm().clamp_min(1e-30))
+
+
+def first_tensor(out):
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)):
+        return first_tensor(out[0])
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    parser.add_argument("--only", default="")
+    parser.add_argument("--skip-autotune", action="store_true")
+    parser.add_argument("--plans", default="default")
+    args = parser.parse_args()
+    only = [w for w in args.only.split(",") if w]
+    rows = []
+    with torch.no_grad():
+        for name, build, floor_bytes in workloads():
+            if only and not any(o in name for o in only):
+                continue
+            torch.manual_seed(0)
+            model, inputs = build()
+            row: dict = {"workload": name}
+            expected = first_tensor(model(*inputs))
+            variants = {"eager": (lambda: model, 0.0)}
+            compilers = [("inductor", lambda: torch.compile(model))]
+            if not args.skip_autotune:
+                compilers.append(("inductor-max-autotune-no-cg",
+                                  lambda: torch.compile(model, mode="max-autotune-no-cudagraphs")))
+            compilers += [(f"ours:{p}", (lambda p=p: compile_with_plan(model, p))) for p in args.plans.split(",")]
+            for label, make in compilers:
+                try:
+                    torch._dynamo.reset()
+                    start = time.perf_counter()
+                    fn = make()
+                    got = first_tensor(fn(*inputs))
+                    torch.cuda.synchronize()
+                    row[f"{label}_compile_s"] = time.perf_counter() - start
+                    row[f"{label}_relerr"] = relerr(expected, got)
+                    row[f"{label}_ms"] = cuda_time(fn, inputs)
+                    if label.startswith("ours"):
+                        comp = compilation_of(fn)
+                        row[f"{label}_kernels"] = sum(r.kernels for r in comp.graphs)
+                        row[f"{label}_graphs"] = comp.summary()["graph_count"]
+                        row[f"{label}_notes"] = [n["message"] for r in comp.graphs for n in r.notes
+                                                 if n["pass"] == "codegen"][:5]
+                except Exception as exc:  # noqa: BLE001 - a failing variant is a row entry, not a crash
+                    row[f"{label}_error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+                    traceback.print_exc()
+            row["eager_ms"] = cuda_time(model, inputs)
+            if floor_bytes:
+                row["floor_ms"] = floor_bytes / COPY_BANDWIDTH * 1e3
+                for key in [k for k in row if k.endswith("_ms") and k != "floor_ms"]:
+                    row[key.replace("_ms", "_pct_of_copy_bw")] = 100 * row["floor_ms"] / row[key]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            del model, inputs
+            torch.cuda.empty_cache()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "commit": commit or "unknown", "device": torch.cuda.get_device_name(),
+              "torch": torch.__version__, "rows": rows}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu.json").write_text(json.dumps(result, indent=2))
+    print_table(result)
+    return 0
+
+
+def print_table(result: dict) -> None:
+    labels = sorted({k[:-3] for r in result["rows"] for k in r if k.endswith("_ms") and k != "floor_ms"})
+    print(f"\n{result['device']} torch {result['torch']} commit {result['commit']} (median ms per call)")
+    print("| workload | " + " | ".join(labels) + " |")
+    print("|---|" + "---|" * len(labels))
+    for r in result["rows"]:
+        cells = [f"{r[l + '_ms']:.3f}" if l + "_ms" in r else "error" for l in labels]
+        print(f"| {r['workload']} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
