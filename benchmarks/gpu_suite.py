@@ -63,14 +63,14 @@ def workloads(dev: str = "cuda"):
     def r(*shape, dtype=torch.float32):
         return torch.randn(*shape, device=dev, dtype=dtype)
 
+    yield "softmax 8192x8192 bf16", lambda: (softmax, (r(8192, 8192, dtype=bf),)), 2 * 8192 * 8192 * 2
+    yield ("layernorm+gelu+residual 8192x4096 bf16",
+           lambda: (layer_norm_gelu_residual, (r(8192, 4096, dtype=bf), r(4096, dtype=bf), r(4096, dtype=bf))),
+           2 * 8192 * 4096 * 2)
     yield "mlp 8xLinear(256) b128 fp32", lambda: (MLP().to(dev).eval(), (r(128, 256),)), None
     yield ("gelu(x@w+b)*s 8192x4096 bf16",
            lambda: (gelu_epilogue, (r(8192, 4096, dtype=bf), r(4096, 4096, dtype=bf) * 0.02,
                                     r(4096, dtype=bf), r(4096, dtype=bf))), None)
-    yield ("layernorm+gelu+residual 8192x4096 bf16",
-           lambda: (layer_norm_gelu_residual, (r(8192, 4096, dtype=bf), r(4096, dtype=bf), r(4096, dtype=bf))),
-           2 * 8192 * 4096 * 2)
-    yield "softmax 8192x8192 bf16", lambda: (softmax, (r(8192, 8192, dtype=bf),)), 2 * 8192 * 8192 * 2
     yield ("gpt2 12L prefill b8 s512 bf16",
            lambda: (gpt2(), (torch.randint(0, 50257, (8, 512), device=dev),)), None)
 
@@ -154,17 +154,23 @@ def main() -> int:
                     row[key.replace("_ms", "_pct_of_copy_bw")] = 100 * row["floor_ms"] / row[key]
             rows.append(row)
             print(json.dumps(row), flush=True)
+            write_result(args.out, rows)
             del model, inputs
             torch.cuda.empty_cache()
+    print_table(write_result(args.out, rows))
+    return 0
+
+
+def write_result(out_dir: str, rows: list) -> dict:
+    """Write everything measured so far (so a run cut short still leaves its rows)."""
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "commit": commit or "unknown", "device": torch.cuda.get_device_name(),
+              "commit": commit or os.environ.get("BENCH_COMMIT", "unknown"), "device": torch.cuda.get_device_name(),
               "torch": torch.__version__, "rows": rows}
-    out = Path(args.out)
+    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu.json").write_text(json.dumps(result, indent=2))
-    print_table(result)
-    return 0
+    return result
 
 
 def print_table(result: dict) -> None:

@@ -73,6 +73,22 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(plan=args.plan, iterations=args.iterations)
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import runpy
+    from pathlib import Path
+    folder = Path(__file__).resolve().parent.parent / "benchmarks"
+    script = folder / ("gpu_suite.py" if args.device == "cuda" else "cpu_suite.py")
+    if not script.is_file():
+        print(f"error: {script} not found (benchmarks ship with the source tree, not the wheel)", file=sys.stderr)
+        return 2
+    sys.argv = [str(script), *args.rest]
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pipeline", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -95,6 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plan", default="default")
     p.add_argument("--iterations", type=int, default=200)
     p.set_defaults(func=_cmd_demo)
+    p = sub.add_parser("bench", help="run the benchmark suite: eager, Inductor and our plans in one run")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the suite (e.g. --quick, --out DIR)")
+    p.set_defaults(func=_cmd_bench)
     return parser
 
 

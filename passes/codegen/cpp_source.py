@@ -67,7 +67,10 @@ static inline uint16_t f_to_bf16(float f) {
 }
 """
 
-PARALLEL_MIN_ELEMENTS = 32768
+# Below these sizes a parallel region costs more than it saves (waking the OpenMP team is tens of
+# microseconds); reductions do more work per element, so they go parallel sooner.
+PARALLEL_MIN_ELEMENTS = 131072
+PARALLEL_MIN_REDUCED_ELEMENTS = 32768
 ROW_CACHE_MAX = 16384        # longest row (reduced elements) kept in per-thread buffers
 ROW_CACHE_BUFFERS = 4
 _TRANSCENDENTAL = {"aten.exp", "aten.exp2", "aten.expm1", "aten.log", "aten.log1p", "aten.log2", "aten.tanh",
@@ -247,7 +250,7 @@ class KernelWriter:
         red = list(nest.reduced)
         outer_total = math.prod(nest.sizes[a] for a in outer)
         red_total = math.prod(nest.sizes[a] for a in red)
-        if outer_total * red_total >= PARALLEL_MIN_ELEMENTS and outer_total > 1:
+        if outer_total * red_total >= PARALLEL_MIN_REDUCED_ELEMENTS and outer_total > 1:
             self.emit(1, "#pragma omp parallel for schedule(static)")
         self.emit(1, f"for (int64_t o = 0; o < INT64_C({outer_total}); ++o) {{")
         if outer:

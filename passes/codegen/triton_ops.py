@@ -25,6 +25,7 @@ SIGNATURE_TYPES = {torch.float32: "*fp32", torch.float64: "*fp64", torch.float16
                    torch.bfloat16: "*bf16", torch.int8: "*i8", torch.uint8: "*u8", torch.int16: "*i16",
                    torch.int32: "*i32", torch.int64: "*i64", torch.bool: "*i1"}
 FLOAT_CT = ("tl.float32", "tl.float64")
+BIG = 2147483647                # "no index yet" in argmax/argmin
 
 
 def compute_type(dtype: torch.dtype) -> str:
@@ -38,12 +39,23 @@ def compute_type(dtype: torch.dtype) -> str:
     return "tl.int64"
 
 
+def wrap(expr: str) -> str:
+    """``expr`` in parentheses unless it already is one operand (names, calls, attributes and
+    parenthesized groups only, outside parentheses)."""
+    depth = 0
+    for ch in expr:
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0 and not (ch.isalnum() or ch in "_.()"):
+            return f"({expr})"
+    return expr
+
+
 def cast(expr: str, source_ct: str, target_ct: str) -> str:
     if source_ct == target_ct:
         return expr
     if target_ct == "tl.int1":
         return f"({expr} != 0)"
-    return f"({expr}).to({target_ct})"
+    return f"{wrap(expr)}.to({target_ct})"
 
 
 def load_cast(expr: str, dtype: torch.dtype) -> str:
@@ -54,13 +66,13 @@ def load_cast(expr: str, dtype: torch.dtype) -> str:
 
 def store_cast(value: str, dtype: torch.dtype) -> str:
     storage = TL_STORAGE[dtype]
-    return value if storage == compute_type(dtype) else f"({value}).to({storage})"
+    return value if storage == compute_type(dtype) else f"{wrap(value)}.to({storage})"
 
 
 def round_to(dtype: torch.dtype, value: str) -> str:
     """Round a compute value to ``dtype``'s precision, as eager does after every op."""
     if dtype in (torch.float16, torch.bfloat16):
-        return f"({value}).to({TL_STORAGE[dtype]}).to(tl.float32)"
+        return f"{wrap(value)}.to({TL_STORAGE[dtype]}).to(tl.float32)"
     return value
 
 
@@ -76,9 +88,9 @@ def literal(value: Any, ct: str) -> str:
         return str(int(value))
     value = float(value)
     if math.isnan(value):
-        text = "PP_NAN"
+        text = 'float("nan")'
     elif math.isinf(value):
-        text = "PP_INF" if value > 0 else "-PP_INF"
+        text = 'float("inf")' if value > 0 else '-float("inf")'
     else:
         text = repr(value)
     if ct == "tl.float64":
@@ -120,7 +132,7 @@ def pp_expm1(x):
     um1 = u - 1.0
     r = tl.where(u == 1.0, x, um1 * x / tl.log(u))
     r = tl.where(um1 == -1.0, -1.0, r)
-    return tl.where(u == PP_INF, u, r)
+    return tl.where(u == float("inf"), u, r)
 ''', ()),
     "pp_log1p": ('''
 @triton.jit
@@ -128,14 +140,24 @@ def pp_log1p(x):
     u = 1.0 + x
     d = u - 1.0
     r = tl.where(d == 0.0, x, tl.log(u) * x / d)
-    return tl.where(u == PP_INF, u, r)
+    return tl.where(u == float("inf"), u, r)
 ''', ()),
     "pp_tanh": ('''
 @triton.jit
 def pp_tanh(x):
-    t = pp_expm1(-2.0 * tl.abs(x))
-    y = -t / (2.0 + t)
-    return tl.where(x < 0.0, -y, y)
+    # fp32: Cephes tanhf (odd polynomial below 0.625, else 1 - 2 / (exp(2|x|) + 1)): one exp and
+    # one division. fp64: from expm1, which keeps fp64 accuracy.
+    a = tl.abs(x)
+    if x.dtype == tl.float32:
+        z = x * x
+        small = ((((-5.70498872745e-3 * z + 2.06390887954e-2) * z - 5.37397155531e-2) * z
+                  + 1.33314422036e-1) * z - 3.33332819422e-1) * z * x + x
+        big = 1.0 - 2.0 / (tl.exp(2.0 * a) + 1.0)
+        return tl.where(a < 0.625, small, tl.where(x < 0.0, -big, big))
+    else:
+        t = pp_expm1(-2.0 * a)
+        y = -t / (2.0 + t)
+        return tl.where(x < 0.0, -y, y)
 ''', ("pp_expm1",)),
     "pp_sinh": ('''
 @triton.jit
@@ -185,8 +207,9 @@ def pp_pow(x, y):
     r = tl.exp2(y.to(tl.float64) * tl.log2(tl.abs(x).to(tl.float64))).to(x.dtype)
     whole = tl.math.floor(y) == y
     odd = whole & (tl.math.floor(y * 0.5) * 2.0 != y)
-    r = tl.where((x < 0.0) & odd, -r, r)
-    r = tl.where((x < 0.0) & (tl.math.floor(y) != y), PP_NAN, r)
+    negative = (x < 0.0) | ((x == 0.0) & (1.0 / x < 0.0))      # -0.0 counts as negative
+    r = tl.where(negative & odd, -r, r)
+    r = tl.where((x < 0.0) & (tl.math.floor(y) != y), float("nan"), r)
     return tl.where((y == 0.0) | (x == 1.0), 1.0, r)
 ''', ()),
     "pp_mul": ('''
@@ -351,24 +374,128 @@ def pointwise_expr(node, operand: Callable[[Any, str], str], uses: set[str]) -> 
     raise NotImplementedError(f"no Triton for {name}")
 
 
-def scalar(value: Any, ct: str) -> str:
-    """A literal as a 0-d Triton tensor of type ``ct`` (for helpers that call methods on it)."""
+def filled(value: Any, ct: str, like: str) -> str:
+    """A block of ``value`` (type ``ct``) shaped like the value ``like`` (NaN-safe)."""
     text = literal(value, ct)
-    return text if text.startswith("tl.full(") else f"tl.full([], {text}, {ct})"
+    return f"tl.where({like} == {like}, {text}, {text})"
 
 
 def _pow(args: list, ct: str, a, operand, helper) -> str:
     if ct not in FLOAT_CT:
         raise NotImplementedError("integer pow")
     if not isinstance(args[0], torch.fx.Node):
-        return helper("pp_pow", scalar(args[0], ct), a(1))
+        return helper("pp_pow", filled(args[0], ct, a(1)), a(1))
     if not isinstance(args[1], torch.fx.Node):
         exponent, x = args[1], a(0)
         if isinstance(exponent, bool):
             exponent = int(exponent)
         simple = {2: f"({x} * {x})", 1: x, 3: f"({x} * {x} * {x})", 0.5: sqrt(x, ct),
-                  -1: f"(1.0 / {x})", -0.5: f"(1.0 / {sqrt(x, ct)})", 0: f"tl.where({x} == {x}, {literal(1.0, ct)}, {literal(1.0, ct)})"}
+                  -1: f"(1.0 / {x})", -0.5: f"(1.0 / {sqrt(x, ct)})", 0: filled(1.0, ct, x)}
         if exponent in simple:
             return simple[exponent]
-        return helper("pp_pow", x, scalar(float(exponent), ct))
+        return helper("pp_pow", x, filled(float(exponent), ct, x))
     return helper("pp_pow", a(0), a(1))
+
+
+# -- reductions: code over [XBLOCK, RBLOCK] tiles, reduced along axis 1 ---------------------------
+def work_type(node) -> str:
+    """Sums and products accumulate in the output's compute type (fp32 for half types); max/min
+    and arg* compare in the source's (bool as int32)."""
+    if packet_name(node.target) in ("aten.sum", "prims.sum", "aten.prod"):
+        return compute_type(meta_of(node).dtype)
+    ct = compute_type(meta_of(node.args[0]).dtype)
+    return "tl.int32" if ct == "tl.int1" else ct
+
+
+def lowest(node, largest: bool) -> str:
+    """The value no element beats: -inf/+inf for floats, the integer extremes otherwise."""
+    ct = work_type(node)
+    if ct in FLOAT_CT:
+        return '-float("inf")' if largest else 'float("inf")'
+    if ct == "tl.int32":
+        return "0" if largest else "1"
+    return "-9223372036854775808" if largest else "9223372036854775807"
+
+
+def reduce_tile(node, value: str, var: str, *, index: str, valid: str | None, nan_flags: str | None,
+                emulate: bool, uses: set) -> list[str]:
+    """Lines reducing the tile ``value`` (``valid`` marks real elements, ``index`` holds each
+    element's reduced index, ``nan_flags`` NaN flags kept by a looped max/min) to ``var``, shaped
+    [XBLOCK, 1]. NaN propagates through max/min (tl.max skips it on the GPU) and wins arg*; ties
+    take the first index."""
+    name = packet_name(node.target)
+    ct = work_type(node)
+    is_float = ct in FLOAT_CT
+    out_ct = compute_type(meta_of(node).dtype)
+    only = (lambda cond: f"{cond} & {valid}" if valid else cond)
+    if name in ("aten.sum", "prims.sum", "aten.prod"):
+        tile = f"tl.where({valid}, {value}, {literal(int(name == 'aten.prod'), ct)})" if valid else value
+        if name == "aten.prod":
+            uses.add("pp_mul")
+            expr = f"tl.reduce({tile}, 1, pp_mul, keep_dims=True)"
+        else:
+            expr = f"tl.sum({tile}, 1, keep_dims=True)"
+        return [f"{var} = {round_to(meta_of(node).dtype, expr) if emulate else expr}"]
+    largest = name in ("aten.amax", "aten.argmax")
+    fn = "tl.max" if largest else "tl.min"
+    if name in ("aten.amax", "aten.amin"):
+        tile = f"tl.where({valid}, {value}, {lowest(node, largest)})" if valid else value
+        lines = [f"{var} = {fn}({tile}, 1, keep_dims=True)"]
+        if is_float:
+            flags = nan_flags or f"({only(f'({value} != {value})')}).to(tl.int32)"
+            lines.append(f"{var} = tl.where(tl.max({flags}, 1, keep_dims=True) > 0, float('nan'), {var})")
+        if ct != out_ct:
+            lines.append(f"{var} = {cast(var, ct, out_ct)}")
+        return lines
+    lines, ok = [], valid
+    stem = node.name
+    if is_float:
+        lines.append(f"nan_{stem} = tl.min(tl.where({only(f'({value} != {value})')}, {index}, {BIG}), 1, "
+                     "keep_dims=True)")
+        ok = only(f"({value} == {value})")
+    tile = f"tl.where({ok}, {value}, {lowest(node, largest)})" if ok else value
+    hit = f"({value} == best_{stem})" + (f" & {ok}" if ok else "")
+    lines += [f"best_{stem} = {fn}({tile}, 1, keep_dims=True)",
+              f"first_{stem} = tl.min(tl.where({hit}, {index}, {BIG}), 1, keep_dims=True)"]
+    if is_float:
+        lines.append(f"first_{stem} = tl.where(nan_{stem} < {BIG}, nan_{stem}, first_{stem})")
+    return lines + [f"{var} = tl.where(first_{stem} == {BIG}, 0, first_{stem}).to(tl.int64)"]
+
+
+def accumulator_init(node) -> list[str]:
+    """Lines starting the [XBLOCK, RBLOCK] accumulators of a looped reduction."""
+    name, ct, n = packet_name(node.target), work_type(node), node.name
+    if name in ("aten.sum", "prims.sum", "aten.prod"):
+        return [f"acc_{n} = tl.full([XBLOCK, RBLOCK], {int(name == 'aten.prod')}, {ct})"]
+    lines = [f"acc_{n} = tl.full([XBLOCK, RBLOCK], {lowest(node, name in ('aten.amax', 'aten.argmax'))}, {ct})"]
+    if name in ("aten.amax", "aten.amin") and ct in FLOAT_CT:
+        lines.append(f"nan_{n} = tl.zeros([XBLOCK, RBLOCK], tl.int32)")
+    if name in ("aten.argmax", "aten.argmin"):
+        lines.append(f"idx_{n} = tl.full([XBLOCK, RBLOCK], {BIG}, tl.int32)")
+    return lines
+
+
+def accumulator_update(node, value: str, mask: str | None) -> list[str]:
+    """Lines folding one chunk (``value``, a tile; ``mask`` marks real elements) into the
+    accumulators; arg* keep, per lane, the first best index seen (NaN beats everything)."""
+    name, ct, n = packet_name(node.target), work_type(node), node.name
+    acc = f"acc_{n}"
+    if name in ("aten.sum", "prims.sum", "aten.prod"):
+        op = "*" if name == "aten.prod" else "+"
+        tile = f"tl.where({mask}, {value}, {literal(int(op == '*'), ct)})" if mask else value
+        return [f"{acc} = {acc} {op} {tile}"]
+    if name in ("aten.amax", "aten.amin"):
+        fn = "tl.maximum" if name == "aten.amax" else "tl.minimum"
+        tile = f"tl.where({mask}, {value}, {lowest(node, name == 'aten.amax')})" if mask else value
+        lines = [f"{acc} = {fn}({acc}, {tile})"]
+        if ct in FLOAT_CT:
+            nan = f"({value} != {value})" + (f" & {mask}" if mask else "")
+            lines.append(f"nan_{n} = nan_{n} | ({nan}).to(tl.int32)")
+        return lines
+    take = f"(idx_{n} == {BIG}) | ({value} {'>' if name == 'aten.argmax' else '<'} {acc})"
+    if ct in FLOAT_CT:
+        take += f" | (({value} != {value}) & ({acc} == {acc}))"
+    if mask:
+        take = f"({take}) & {mask}"
+    return [f"take_{n} = {take}", f"{acc} = tl.where(take_{n}, {value}, {acc})",
+            f"idx_{n} = tl.where(take_{n}, rr, idx_{n})"]

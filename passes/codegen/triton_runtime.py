@@ -7,6 +7,11 @@ is the C++ backend's, see ``cpp_build.cache_dir``) and imported from there, beca
 reads its function's source file; a source already on disk is reused (a cache hit), and a module
 already imported in this process is imported once. Triton is imported lazily, only here and only
 when a kernel is loaded or compiled, so the core import path never needs it.
+
+The Triton interpreter (``TRITON_INTERPRET=1``, how CI runs kernels on CPU tensors) has to be on
+when triton itself is first imported (its ``tl.sum``... are decorated then), and a process that
+interpreted kernels cannot compile for a GPU any more (the interpreter patches
+``triton.language``); :func:`interpreter_problem` and :func:`compile_all_for_sm90` deal with both.
 """
 from __future__ import annotations
 
@@ -50,16 +55,25 @@ def triton_missing() -> str | None:
     return None
 
 
-def kernel_dir(configured: str | None = None) -> Path:
+_private: list[Path] = []
+
+
+def kernel_dir(configured: str | None = None, *, persistent: bool = True) -> Path:
+    """``<cache root>/triton``, or with ``persistent=False`` (plan ``cache: {enabled: false}``) a
+    private temporary folder of this process."""
+    if not persistent:
+        if not _private:
+            _private.append(Path(tempfile.mkdtemp(prefix="plan-pipeline-triton-")))
+        return _private[0]
     path = _cache_dir(configured).parent / "triton"
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
-def write_source(text: str, directory: str | None = None) -> tuple[Path, bool]:
+def write_source(text: str, directory: str | None = None, *, persistent: bool = True) -> tuple[Path, bool]:
     """Path of the module file holding ``text`` (named by its content hash) and whether it was
     already there. Writes are atomic."""
-    folder = kernel_dir(directory)
+    folder = kernel_dir(directory, persistent=persistent)
     path = folder / f"t_{hashlib.sha256(text.encode()).hexdigest()[:32]}.py"
     if path.exists():
         return path, True
@@ -105,7 +119,7 @@ class TritonKernel(CompiledKernel):
         self.function = module.KERNEL
         self.launch = self.function[generated.grid]
         self.kwargs = dict(generated.constexprs, num_warps=generated.num_warps)
-        self.empty = generated.grid[0] == 0
+        self.empty = generated.grid[0] == 0 or not outputs    # nothing to compute or nothing to store
         self.in_strides = [tuple(v.stride()) for v in inputs]
         self.device = (inputs or outputs)[0].device
         self.outputs = [(tuple(v.shape), tuple(v.stride()), v.dtype) for v in outputs]
@@ -131,15 +145,19 @@ def generate(graph: torch.fx.GraphModule, context: Any, *, emulate_precision: bo
     generate; the others keep running eagerly, with the reason in the report."""
     interpret = interpreting()
     blocked = triton_missing()
-    directory = context.plan.cache.dir if context.plan is not None else None
+    if blocked is None and interpret:
+        blocked = interpreter_problem()
+    cache = context.plan.cache if context.plan is not None else None
+    directory, persistent = (cache.dir, cache.enabled) if cache is not None else (None, True)
     made, hits = 0, 0
     for node in graph.graph.nodes:
         if node.op != "call_function" or not isinstance(node.target, FusedGroup):
             continue
         group = node.target
         placeholders = [n for n in group.subgraph.graph.nodes if n.op == "placeholder"]
-        outputs = [meta_of(n) for n in next(n for n in group.subgraph.graph.nodes if n.op == "output").args[0]]
-        device = (placeholders and meta_of(placeholders[0]).device) or outputs[0].device
+        values = [meta_of(n) for n in placeholders] + list(
+            meta_of(n) for n in next(n for n in group.subgraph.graph.nodes if n.op == "output").args[0])
+        device = next((v.device for v in values if isinstance(v, torch.Tensor)), torch.device("cpu"))
         reason = blocked
         if reason is None and device.type != "cuda" and not interpret:
             reason = f"the triton backend runs {device.type} tensors only under TRITON_INTERPRET=1"
@@ -152,53 +170,116 @@ def generate(graph: torch.fx.GraphModule, context: Any, *, emulate_precision: bo
         except (UnsupportedGroup, NotImplementedError) as exc:
             context.note(f"{group.name}: runs eagerly: {exc}")
             continue
-        path, hit = write_source(generated.source, directory)
+        path, hit = write_source(generated.source, directory, persistent=persistent)
         module = load_module(path, interpret=interpret)
         node.target = TritonKernel(group, generated, module, path, [meta_of(p) for p in placeholders],
                                    [meta_of(n) for n, _ in nest.outputs])
         made, hits = made + 1, hits + hit
     if made:
-        context.note(f"{made} Triton kernel(s) in {kernel_dir(directory)} ({hits} cache hit(s))"
+        context.note(f"{made} Triton kernel(s) in {kernel_dir(directory, persistent=persistent)} ({hits} cache hit(s))"
                      + (" run by the Triton interpreter" if interpret else ""))
         graph.recompile()
     return graph
 
 
-def compile_for_sm90(subject: TritonKernel | TritonSource | str | os.PathLike, *,
-                     arch: int = 90) -> dict:
+def _compile_paths(paths: list, arch: int) -> list:
+    """Compile generated module files for ``cuda`` sm_<arch> with Triton's compiler; one result
+    dict per file (sizes, or ``error``). Self-contained (stdlib and triton only): it also runs as
+    a script in a fresh process, see :func:`compile_all_for_sm90`."""
+    import importlib.util
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    results = []
+    for path in paths:
+        name = path
+        try:
+            with triton.knobs.runtime.scope():
+                triton.knobs.runtime.interpret = False      # helpers must be JITFunctions
+                spec = importlib.util.spec_from_file_location("pp_sm90_" + path.rsplit("/", 1)[-1][:-3], path)
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+            function = module.KERNEL
+            name = function.fn.__name__
+            signature = dict(module.SIGNATURE)
+            aligned = {(i,): [["tt.divisibility", 16]] for i, kind in enumerate(signature.values())
+                       if kind.startswith("*")}
+            jitted = function if isinstance(function, JITFunction) else JITFunction(function.fn)
+            source = ASTSource(fn=jitted, signature=signature, constexprs=dict(module.CONSTEXPRS), attrs=aligned)
+            compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
+                                      options={"num_warps": module.NUM_WARPS})
+            results.append({"name": name, "path": path, "ptx_bytes": len(compiled.asm["ptx"]),
+                            "cubin_bytes": len(compiled.asm["cubin"]),
+                            "num_warps": compiled.metadata.num_warps, "shared": compiled.metadata.shared})
+        except Exception as exc:  # noqa: BLE001 - Triton raises many types; report them per kernel
+            results.append({"name": name, "path": path, "error": f"{type(exc).__name__}: {exc}"})
+    return results
+
+
+def _compiles_in_process() -> bool:
+    """Triton can compile for a GPU in this process: its standard library (``tl.sum``...) was not
+    imported in interpreter mode (the interpreter also patches ``triton.language`` for good)."""
+    if "triton" not in sys.modules and interpreting():
+        return False
+    import triton.language as tl
+    from triton.runtime.jit import JITFunction
+    return isinstance(tl.sum, JITFunction)
+
+
+def interpreter_problem() -> str | None:
+    """Why kernels cannot run under the Triton interpreter in this process (None when they can)."""
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+    if not isinstance(tl.sum, InterpretedFunction):
+        return "triton was imported before TRITON_INTERPRET=1 was set (set it before anything imports triton)"
+    return None
+
+
+def _path_of(subject: Any) -> str:
+    if isinstance(subject, TritonKernel):
+        return str(subject.path)
+    if isinstance(subject, TritonSource):
+        return str(write_source(subject.source)[0])
+    if isinstance(subject, os.PathLike) or (isinstance(subject, str) and "\n" not in subject):
+        return str(Path(subject).resolve())
+    return str(write_source(subject)[0])
+
+
+def compile_all_for_sm90(subjects: list, *, arch: int = 90) -> list[dict]:
+    """:func:`compile_for_sm90` for many kernels at once. Runs in this process when Triton can
+    compile here, else in one fresh Python process without ``TRITON_INTERPRET`` (a process that
+    interpreted kernels cannot compile them). Raises :class:`TritonCompileError` naming every
+    kernel that failed."""
+    import json
+    import subprocess
+
+    paths = [_path_of(s) for s in subjects]
+    if _compiles_in_process():
+        results = _compile_paths(paths, arch)
+    else:
+        import inspect
+        script = (inspect.getsource(_compile_paths) + "\nimport json, sys\n"
+                  "print(json.dumps(_compile_paths(sys.argv[2:], int(sys.argv[1]))))\n")
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        done = subprocess.run([sys.executable, "-c", script, str(arch), *paths], capture_output=True,
+                              text=True, env=env)
+        if done.returncode != 0:
+            raise TritonCompileError(f"the sm_{arch} compile process failed:\n{done.stderr[-4000:]}")
+        results = json.loads(done.stdout.strip().splitlines()[-1])
+    failures = [f"triton could not compile kernel {r['name']} ({r['path']}) for sm_{arch}: {r['error']}"
+                for r in results if "error" in r]
+    if failures:
+        raise TritonCompileError("\n\n".join(failures))
+    return results
+
+
+def compile_for_sm90(subject: TritonKernel | TritonSource | str | os.PathLike, *, arch: int = 90) -> dict:
     """Compile a generated kernel to PTX and a cubin for sm_90 (the H200) without a GPU.
 
     ``subject`` is a :class:`TritonKernel`, a :class:`TritonSource`, a generated module's source
     text or the path of its file. Returns the kernel name, PTX and cubin sizes in bytes, warps and
     shared memory; raises :class:`TritonCompileError` naming the kernel when Triton rejects it.
     Pointer arguments are assumed 16-byte aligned, as Triton specializes them at a real launch."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.runtime.jit import JITFunction
-
-    if isinstance(subject, TritonKernel):
-        path = subject.path
-    elif isinstance(subject, TritonSource):
-        path, _ = write_source(subject.source)
-    elif isinstance(subject, os.PathLike) or (isinstance(subject, str) and "\n" not in subject):
-        path = Path(subject)
-    else:
-        path, _ = write_source(subject)
-    module = load_module(path, interpret=False)     # helpers must be JITFunctions, not interpreted
-    function = module.KERNEL
-    raw = getattr(function, "fn", function)
-    name = raw.__name__
-    signature = dict(module.SIGNATURE)
-    attrs = {(i,): [["tt.divisibility", 16]] for i, kind in enumerate(signature.values()) if kind.startswith("*")}
-    try:
-        jitted = function if isinstance(function, JITFunction) else JITFunction(raw)
-        source = ASTSource(fn=jitted, signature=signature, constexprs=dict(module.CONSTEXPRS), attrs=attrs)
-        compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
-                                  options={"num_warps": module.NUM_WARPS})
-    except Exception as exc:  # noqa: BLE001 - Triton raises many types; name the kernel and file
-        raise TritonCompileError(f"triton could not compile kernel {name} ({path}) for sm_{arch}: "
-                                 f"{type(exc).__name__}: {exc}") from exc
-    return {"name": name, "path": str(path), "ptx_bytes": len(compiled.asm["ptx"]),
-            "cubin_bytes": len(compiled.asm["cubin"]), "num_warps": compiled.metadata.num_warps,
-            "shared": compiled.metadata.shared}
+    return compile_all_for_sm90([subject], arch=arch)[0]

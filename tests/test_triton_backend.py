@@ -1,0 +1,259 @@
+"""The Triton backend of ``codegen``, on CPU through the Triton interpreter (``TRITON_INTERPRET=1``),
+plus a proof that every kernel this module generates compiles for the H200 (sm_90) without a GPU.
+
+The interpreter must be on when triton itself is first imported (``tl.sum`` and friends are
+decorated then). These tests run in the pytest process: the variable is set below, at collection,
+before anything imports triton (no module of the suite imports it at import time). Should triton
+have been imported earlier anyway, every test here skips and ``test_module_in_a_fresh_process``
+runs this file again in a new process instead. A process that interpreted kernels cannot compile
+them for a GPU, so the sm_90 compile runs in one fresh process (``compile_all_for_sm90``).
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import importlib.util  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+
+from pipeline import compilation_of, compile_with_plan  # noqa: E402
+from pipeline.fused import FusedGroup  # noqa: E402
+from pipeline.numerics import compare  # noqa: E402
+from pipeline.testing import assert_preserves_semantics, graphs  # noqa: E402
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install -e '.[gpu]')")
+
+PLAN = {"extends": "cpu-inference", "options": {"codegen": {"backend": "triton"}}}
+GENERATED: dict = {}        # source path -> TritonKernel, every kernel this module generated
+LAST: dict = {}             # the graph the last triton codegen produced
+
+
+@pytest.fixture(autouse=True)
+def _record_kernels(monkeypatch, request):
+    """Fresh Dynamo state, and remember every Triton kernel the codegen pass makes."""
+    torch._dynamo.reset()
+    if not HAS_TRITON:
+        yield
+        return
+    from passes.codegen import triton_runtime
+    if not triton_runtime.interpreting():
+        pytest.skip("TRITON_INTERPRET is set to something other than 1 in the environment")
+    if triton_runtime.interpreter_problem():
+        if request.node.name != "test_module_in_a_fresh_process":
+            pytest.skip("triton was imported in interpreter-less mode before this module: "
+                        "test_module_in_a_fresh_process runs these tests in a new process")
+        yield
+        return
+    original = triton_runtime.generate
+
+    def recording(graph, context, **kwargs):
+        out = original(graph, context, **kwargs)
+        LAST["graph"] = out
+        for node in out.graph.nodes:
+            if isinstance(node.target, triton_runtime.TritonKernel):
+                GENERATED.setdefault(str(node.target.path), node.target)
+        return out
+
+    monkeypatch.setattr(triton_runtime, "generate", recording)
+    yield
+
+
+def kernels_of(graph) -> tuple[list, list]:
+    """(Triton kernels, groups left eager) called by a graph."""
+    from passes.codegen.triton_runtime import TritonKernel
+    targets = [n.target for n in graph.graph.nodes if n.op == "call_function"]
+    return ([t for t in targets if isinstance(t, TritonKernel)], [t for t in targets if isinstance(t, FusedGroup)])
+
+
+def run_plan(fn, *args, plan=PLAN):
+    compiled = compile_with_plan(fn, plan)
+    with torch.no_grad():
+        out = compiled(*args)
+        problem = compare(fn(*args), out)
+    assert problem is None, problem
+    return compilation_of(compiled).graphs[0]
+
+
+def softmax(x):
+    return torch.softmax(x, -1)
+
+
+def log_softmax(x):
+    return torch.log_softmax(x, -1)
+
+
+def layer_norm(x, w, b):
+    return F.layer_norm(x, (x.shape[-1],), w, b)
+
+
+def rms_norm(x, w):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+
+def chain(x, y):
+    return torch.where(x > 0, torch.sigmoid(x) * torch.tanh(y), torch.sqrt(x.abs() + 1)).exp()
+
+
+def argmax(x):
+    return x.argmax(-1)
+
+
+def amax(x):
+    return x.amax(-1)
+
+
+def with_nans(rows: int, cols: int) -> torch.Tensor:
+    x = torch.randn(rows, cols)
+    x[1, 3] = float("nan")
+    x[2, 0] = float("nan")
+    x[2, cols - 1] = float("nan")
+    x[3] = 1.0                      # ties: argmax takes the first index
+    return x
+
+
+CASES = {
+    "softmax": (softmax, lambda: (torch.randn(32, 100),)),
+    "log_softmax": (log_softmax, lambda: (torch.randn(32, 100),)),
+    "layer_norm": (layer_norm, lambda: (torch.randn(32, 100), torch.randn(100), torch.randn(100))),
+    "rms_norm": (rms_norm, lambda: (torch.randn(32, 100), torch.randn(100))),
+    "pointwise_chain_broadcast_permuted": (chain, lambda: (torch.randn(64, 48).t(), torch.randn(64))),
+    "argmax": (argmax, lambda: (with_nans(8, 50),)),
+    "amax_with_nan": (amax, lambda: (with_nans(8, 50),)),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_kernel_matches_eager_and_is_one_triton_kernel(name):
+    fn, make = CASES[name]
+    record = run_plan(fn, *make())
+    kernels, eager = kernels_of(LAST["graph"])
+    assert record.kernels == 1 and len(kernels) == 1 and not eager
+    assert kernels[0].backend == "triton" and "@triton.jit" in kernels[0].source
+
+
+def test_reduction_kernels_are_persistent_when_the_row_fits():
+    run_plan(softmax, torch.randn(32, 100))
+    (kernel,), _ = kernels_of(LAST["graph"])
+    assert kernel.generated.persistent and "for roff" not in kernel.source
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "layer_norm", "rms_norm", "argmax", "amax_with_nan"])
+def test_looped_reductions_match_eager(name, monkeypatch):
+    """Rows longer than one tile: multi-pass kernels looping over chunks of RBLOCK."""
+    from passes.codegen import triton_source
+    monkeypatch.setattr(triton_source, "PERSISTENT_MAX", 32)
+    monkeypatch.setattr(triton_source, "LOOPED_RBLOCK", 32)
+    fn, make = CASES[name]
+    record = run_plan(fn, *make())
+    (kernel,), _ = kernels_of(LAST["graph"])
+    assert record.kernels == 1 and not kernel.generated.persistent
+    assert "for roff in range(0, " in kernel.source
+
+
+@pytest.mark.parametrize("fn", [lambda x: (x * 2).sum(0), lambda x: torch.log_softmax(x, 0),
+                                lambda x: (x.exp() + 1).mean((0, 2)), lambda x: (x * 3).sum()],
+                         ids=["sum_dim0", "log_softmax_dim0", "mean_two_axes", "sum_all"])
+def test_reductions_over_other_axes_match_eager(fn):
+    record = run_plan(fn, torch.randn(12, 9, 5))
+    assert record.kernels >= 1 and not kernels_of(LAST["graph"])[1]
+
+
+def test_fp16_layer_norm_matches_eager():
+    record = run_plan(layer_norm, torch.randn(8, 40, dtype=torch.float16), torch.randn(40, dtype=torch.float16),
+                      torch.randn(40, dtype=torch.float16))
+    assert record.kernels == 1
+
+
+def test_inputs_with_unexpected_strides_run_the_group_eagerly(monkeypatch):
+    run_plan(chain, torch.randn(64, 48), torch.randn(48))
+    (kernel,), _ = kernels_of(LAST["graph"])
+    monkeypatch.setattr(kernel, "launch", lambda *a, **k: pytest.fail("launched with unexpected strides"))
+    x, y = torch.randn(48, 64).t(), torch.randn(48)
+    (out,) = kernel(x, y)
+    assert compare(chain(x, y), out) is None
+
+
+def test_cpu_groups_stay_eager_without_the_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    record = run_plan(softmax, torch.randn(4, 8))
+    notes = " ".join(n["message"] for n in record.notes if n["pass"] == "codegen")
+    assert record.kernels == 0 and "only under TRITON_INTERPRET=1" in notes
+
+
+def test_auto_backend_picks_cpp_on_cpu():
+    record = run_plan(softmax, torch.randn(4, 8),
+                      plan={"extends": "cpu-inference", "options": {"codegen": {"backend": "auto"}}})
+    assert record.kernels == 1 and "cpp_fused_0" in record.final_code
+
+
+def test_sources_are_files_named_by_content_hash_and_reused(tmp_path):
+    import hashlib
+    plan = dict(PLAN, cache={"dir": str(tmp_path)})
+    run_plan(softmax, torch.randn(8, 24), plan=plan)
+    (kernel,), _ = kernels_of(LAST["graph"])
+    assert kernel.path.read_text() == kernel.source
+    assert kernel.path.stem == "t_" + hashlib.sha256(kernel.source.encode()).hexdigest()[:32]
+    torch._dynamo.reset()
+    record = run_plan(softmax, torch.randn(8, 24), plan=plan)
+    assert any("1 cache hit" in n["message"] for n in record.notes if n["pass"] == "codegen")
+
+
+def test_core_import_path_does_not_import_triton():
+    code = ("import sys, pipeline, passes, passes.codegen, passes.codegen.triton_runtime; "
+            "sys.exit('triton' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+SEARCH = settings(max_examples=20, deadline=None, database=None, derandomize=True,
+                  suppress_health_check=list(HealthCheck))
+
+
+@SEARCH
+@given(graphs(dtypes=(torch.float32,), max_ops=8, max_dim=6))
+def test_triton_codegen_preserves_semantics(case):
+    from passes.codegen import Codegen, CodegenOptions
+    assert_preserves_semantics(Codegen(CodegenOptions(backend="triton")), case)
+
+
+def test_every_generated_kernel_compiles_for_sm90():
+    """Runs last: compiles each kernel the tests above generated (or, run alone, the named cases')
+    to PTX and a cubin for the H200 with Triton's own compiler, no GPU needed. This process
+    interpreted them, so the compile runs in one fresh process without TRITON_INTERPRET."""
+    from passes.codegen.triton_runtime import compile_all_for_sm90
+    if not GENERATED:
+        for fn, make in CASES.values():
+            torch._dynamo.reset()
+            run_plan(fn, *make())
+    results = compile_all_for_sm90([GENERATED[path] for path in sorted(GENERATED)])
+    assert len(results) == len(GENERATED)
+    assert all(r["ptx_bytes"] > 0 and r["cubin_bytes"] > 0 for r in results)
+
+
+def test_compile_for_sm90_names_the_kernel_it_cannot_compile():
+    from passes.codegen.triton_runtime import TritonCompileError, compile_for_sm90
+    source = ("import triton\nimport triton.language as tl\n\n@triton.jit\ndef broken_kernel(in0, BLOCK: tl.constexpr):\n"
+              "    tl.store(in0 + tl.arange(0, BLOCK), tl.no_such_function(1))\n\n"
+              "KERNEL = broken_kernel\nSIGNATURE = {'in0': '*fp32', 'BLOCK': 'constexpr'}\n"
+              "CONSTEXPRS = {'BLOCK': 16}\nGRID = (1,)\nNUM_WARPS = 1\n")
+    with pytest.raises(TritonCompileError, match="broken_kernel"):
+        compile_for_sm90(source)
+
+
+def test_module_in_a_fresh_process():
+    """Only when something imported triton before this module could set TRITON_INTERPRET (the
+    interpreter needs it at import time): run this file again in a new process."""
+    from passes.codegen import triton_runtime
+    if triton_runtime.interpreter_problem() is None:
+        pytest.skip("the interpreter works in this process; the tests above ran here")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+                          capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
