@@ -43,9 +43,17 @@ def retrace(fn: Callable, example_inputs: list, *, decompositions: dict | None =
         from torch.func import functionalize as _functionalize
         target = _functionalize(fn, remove=remove)
     fake_mode = fake_mode_of(example_inputs)
-    ctx = fake_mode if fake_mode is not None else contextlib.nullcontext()
-    with ctx:
+    if fake_mode is None:
         return make_fx(target, decomposition_table=decompositions or {}, tracing_mode="real")(*example_inputs)
+    # Graph constants (folded tensors, buffers kept as attributes) are real tensors; the fake mode
+    # converts them on the fly while tracing.
+    allowed = fake_mode.allow_non_fake_inputs
+    fake_mode.allow_non_fake_inputs = True
+    try:
+        with fake_mode:
+            return make_fx(target, decomposition_table=decompositions or {}, tracing_mode="real")(*example_inputs)
+    finally:
+        fake_mode.allow_non_fake_inputs = allowed
 
 
 def example_values(gm: torch.fx.GraphModule) -> list | None:

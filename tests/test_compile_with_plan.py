@@ -230,3 +230,14 @@ def test_many_separately_compiled_modules_do_not_share_a_recompile_budget():
         compiled = compile_with_plan(model, "default", options={"capture": {"recompile_limit": 2}})
         with torch.no_grad():
             assert compare(model(x), compiled(x)) is None
+
+
+def test_folded_constants_survive_the_passes_that_retrace_after_folding():
+    def with_positions(x):
+        positions = torch.arange(x.shape[-1], dtype=x.dtype).view(1, -1) * 0.5
+        return torch.softmax(x + positions, -1)
+
+    compiled = compile_with_plan(with_positions, "default")
+    x = torch.randn(4, 16)
+    assert compare(with_positions(x), compiled(x)) is None
+    assert "_tensor_constant" in compilation_of(compiled).graphs[0].final_code
