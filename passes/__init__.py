@@ -17,10 +17,11 @@ from .cse import CommonSubexpressionElimination
 from .dce import DeadCodeElimination
 from .decompose import Decompose, core_aten_check
 from .functionalize import Functionalize
+from .pad_mm import PadMatmul
 from .fuse import Fuse
 
 BUILTIN_PASSES = [Capture, Functionalize, Decompose, DeadCodeElimination,
-                  CommonSubexpressionElimination, ConstantFold, Fuse, Codegen]
+                  CommonSubexpressionElimination, ConstantFold, PadMatmul, Fuse, Codegen]
 
 
 @hookimpl

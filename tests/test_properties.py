@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pipeline.testing import FLOAT_DTYPES, assert_preserves_semantics, graphs
 
@@ -70,3 +71,26 @@ def test_capture_with_the_debug_plan_preserves_semantics(case):
 @given(graphs(dtypes=(torch.float32, torch.bfloat16), max_ops=10))
 def test_default_plan_preserves_semantics(case):
     assert_preserves_semantics("default", case)
+
+
+matmul_shapes = st.fixed_dictionaries({
+    "m": st.integers(1, 9), "k": st.integers(1, 20), "n": st.integers(1, 20),
+    "bias": st.sampled_from(["none", "row", "full"]), "transposed": st.booleans(),
+})
+
+
+@settings(FAST, max_examples=30)
+@given(matmul_shapes)
+def test_pad_mm_preserves_semantics(shape):
+    from passes.pad_mm import PadMatmul, PadMmOptions
+
+    m, k, n = shape["m"], shape["k"], shape["n"]
+    weight = torch.randn(n, k) if shape["transposed"] else torch.randn(k, n)
+
+    def matmul(x, w, b):
+        product = x @ (w.t() if shape["transposed"] else w)
+        return product if shape["bias"] == "none" else product + b
+
+    bias = torch.randn(n) if shape["bias"] == "row" else torch.randn(m, n)
+    pass_ = PadMatmul(PadMmOptions(multiple=8, min_size=1, devices=["cpu"]))
+    assert_preserves_semantics(pass_, torch.fx.symbolic_trace(matmul), [torch.randn(m, k), weight, bias])
