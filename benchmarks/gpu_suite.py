@@ -122,7 +122,6 @@ def main() -> int:
             model, inputs = build()
             row: dict = {"workload": name}
             expected = first_tensor(model(*inputs))
-            variants = {"eager": (lambda: model, 0.0)}
             compilers = [("inductor", lambda: torch.compile(model))]
             if not args.skip_autotune:
                 compilers.append(("inductor-max-autotune-no-cg",

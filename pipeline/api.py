@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import copy
 import functools
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

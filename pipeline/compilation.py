@@ -14,7 +14,7 @@ import torch
 import torch.fx
 
 from . import compat
-from .errors import ExpectationError, PassFailure, PipelineError
+from .errors import ExpectationError, PipelineError
 from .fused import count_kernels
 from .graph_pass import CaptureContext, PassContext
 from .instruments import PassTimer, Snapshots, SourceDump, copy_graph

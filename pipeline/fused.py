@@ -210,3 +210,23 @@ class CompiledKernel:
 def count_kernels(gm: torch.fx.GraphModule) -> int:
     """Generated kernels called by a graph."""
     return sum(1 for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, CompiledKernel))
+
+
+def value_dtype(value: Any) -> torch.dtype:
+    """The dtype of a graph value or Python literal as torch's type promotion sees it."""
+    meta = meta_of(value)
+    if isinstance(meta, torch.Tensor):
+        return meta.dtype
+    if isinstance(meta, bool):
+        return torch.bool
+    if isinstance(meta, int):
+        return torch.int64
+    return torch.float32
+
+
+def promoted_dtype(args: list) -> torch.dtype:
+    """The dtype torch computes a comparison of ``args`` in (promotion of tensors and scalars)."""
+    values = [torch.empty((), dtype=meta_of(a).dtype) if isinstance(meta_of(a), torch.Tensor)
+              else meta_of(a) for a in args]
+    result = values[0] if len(values) == 1 else torch.result_type(values[0], values[1])
+    return result.dtype if isinstance(result, torch.Tensor) else result

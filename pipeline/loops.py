@@ -7,8 +7,6 @@ broadcast axes). Backends turn this into C++ or Triton without redoing shape rea
 """
 from __future__ import annotations
 
-from typing import Any
-
 import attrs
 import torch
 import torch.fx

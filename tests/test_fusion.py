@@ -9,9 +9,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from pipeline import compilation_of, compile_with_plan
-from pipeline.fused import CompiledKernel
 from pipeline.numerics import compare
-from pipeline.testing import SemanticsError, assert_preserves_semantics, graphs
+from pipeline.testing import SemanticsError, assert_preserves_semantics
 
 
 

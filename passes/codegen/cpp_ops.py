@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 import torch
 
-from pipeline.fused import UNIT_RESHAPES, meta_of, packet_name
+from pipeline.fused import UNIT_RESHAPES, meta_of, packet_name, promoted_dtype, value_dtype
 
 C_STORAGE = {torch.float32: "float", torch.float64: "double", torch.float16: "_Float16",
              torch.bfloat16: "uint16_t", torch.int8: "int8_t", torch.uint8: "uint8_t",
@@ -59,23 +59,6 @@ def literal(value: Any, ctype: str) -> str:
     raise TypeError(f"unsupported literal {value!r}")
 
 
-def _dtype_of(value: Any) -> torch.dtype:
-    meta = meta_of(value)
-    if isinstance(meta, torch.Tensor):
-        return meta.dtype
-    if isinstance(meta, bool):
-        return torch.bool
-    if isinstance(meta, int):
-        return torch.int64
-    return torch.float32
-
-
-def promoted(args: list) -> torch.dtype:
-    """The dtype torch computes a comparison in (type promotion of tensors and scalars)."""
-    tensors = [torch.empty((), dtype=meta_of(a).dtype) if isinstance(meta_of(a), torch.Tensor)
-               else meta_of(a) for a in args]
-    result = tensors[0] if len(tensors) == 1 else torch.result_type(tensors[0], tensors[1])
-    return result.dtype if isinstance(result, torch.Tensor) else result
 
 
 def select(cond: str, a: str, b: str, ctype: str) -> str:
@@ -127,7 +110,7 @@ def pointwise_expr(node: torch.fx.Node, operand: Callable[[Any, str], str]) -> s
     if name in simple:
         source_ct = ct
         if name in ("aten._to_copy", "prims.convert_element_type"):
-            source_ct = compute_type(_dtype_of(args[0]))
+            source_ct = compute_type(value_dtype(args[0]))
             value = a(0, source_ct)
             if out_dtype == torch.bool:
                 return f"({value} != 0)"
@@ -167,7 +150,7 @@ def pointwise_expr(node: torch.fx.Node, operand: Callable[[Any, str], str]) -> s
     if name == "aten.where":
         return select(operand(args[0], "bool"), a(1), a(2), ct)
     if name in ("aten.gt", "aten.ge", "aten.lt", "aten.le", "aten.eq", "aten.ne"):
-        cmp_ct = compute_type(promoted(args[:2]))
+        cmp_ct = compute_type(promoted_dtype(args[:2]))
         op = {"aten.gt": ">", "aten.ge": ">=", "aten.lt": "<", "aten.le": "<=", "aten.eq": "==",
               "aten.ne": "!="}[name]
         return f"({operand(args[0], cmp_ct)} {op} {operand(args[1], cmp_ct)})"
@@ -177,7 +160,7 @@ def pointwise_expr(node: torch.fx.Node, operand: Callable[[Any, str], str]) -> s
         op = "&&" if name == "aten.logical_and" else "||"
         return f"({operand(args[0], 'bool')} {op} {operand(args[1], 'bool')})"
     if name == "aten.isnan":
-        x = operand(args[0], compute_type(_dtype_of(args[0])))
+        x = operand(args[0], compute_type(value_dtype(args[0])))
         return f"({x} != {x})"
     if name == "aten.pow":
         if not isinstance(args[0], torch.fx.Node):

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 import torch.fx
 
-from pipeline.fused import UNIT_RESHAPES, meta_of, packet_name
+from pipeline.fused import UNIT_RESHAPES, meta_of, packet_name, promoted_dtype, value_dtype
 
 TL_STORAGE = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
               torch.bfloat16: "tl.bfloat16", torch.int8: "tl.int8", torch.uint8: "tl.uint8",
@@ -98,23 +98,6 @@ def literal(value: Any, ct: str) -> str:
     return text
 
 
-def _dtype_of(value: Any) -> torch.dtype:
-    meta = meta_of(value)
-    if isinstance(meta, torch.Tensor):
-        return meta.dtype
-    if isinstance(meta, bool):
-        return torch.bool
-    if isinstance(meta, int):
-        return torch.int64
-    return torch.float32
-
-
-def promoted(args: list) -> torch.dtype:
-    """The dtype torch computes a comparison in (type promotion of tensors and scalars)."""
-    tensors = [torch.empty((), dtype=meta_of(a).dtype) if isinstance(meta_of(a), torch.Tensor)
-               else meta_of(a) for a in args]
-    result = tensors[0] if len(tensors) == 1 else torch.result_type(tensors[0], tensors[1])
-    return result.dtype if isinstance(result, torch.Tensor) else result
 
 
 def sqrt(x: str, ct: str) -> str:
@@ -268,7 +251,7 @@ def pointwise_expr(node, operand: Callable[[Any, str], str], uses: set[str]) -> 
     if name in ("aten.div", "prims.div"):
         return f"({a(0)} / {a(1)})"
     if name in ("aten._to_copy", "prims.convert_element_type"):
-        source_ct = compute_type(_dtype_of(args[0]))
+        source_ct = compute_type(value_dtype(args[0]))
         value = cast(a(0, source_ct), source_ct, ct)
         # An explicit cast to a half type always rounds (it is the point of the cast).
         return round_to(out_dtype, value) if out_dtype in (torch.float16, torch.bfloat16) else value
@@ -348,7 +331,7 @@ def pointwise_expr(node, operand: Callable[[Any, str], str], uses: set[str]) -> 
             expr = cast(expr, "?", ct)      # two literals: give the result the node's type
         return expr
     if name in ("aten.gt", "aten.ge", "aten.lt", "aten.le", "aten.eq", "aten.ne"):
-        cmp_ct = compute_type(promoted(args[:2]))
+        cmp_ct = compute_type(promoted_dtype(args[:2]))
         op = {"aten.gt": ">", "aten.ge": ">=", "aten.lt": "<", "aten.le": "<=", "aten.eq": "==",
               "aten.ne": "!="}[name]
         return f"({operand(args[0], cmp_ct)} {op} {operand(args[1], cmp_ct)})"
@@ -358,7 +341,7 @@ def pointwise_expr(node, operand: Callable[[Any, str], str], uses: set[str]) -> 
         op = "&" if name == "aten.logical_and" else "|"
         return f"({operand(args[0], 'tl.int1')} {op} {operand(args[1], 'tl.int1')})"
     if name == "aten.isnan":
-        source_ct = compute_type(_dtype_of(args[0]))
+        source_ct = compute_type(value_dtype(args[0]))
         x = operand(args[0], source_ct)
         return f"({x} != {x})"
     if name == "aten.pow":

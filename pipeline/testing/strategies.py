@@ -9,7 +9,6 @@ permuted (non-contiguous) inputs, constants, several dtypes, and optionally in-p
 from __future__ import annotations
 
 import math
-import operator
 from typing import Any, Callable, Sequence
 
 import attrs
