@@ -103,10 +103,20 @@ def _module_caller(module: torch.nn.Module) -> Callable:
     def call_module(*args: Any, **kwargs: Any) -> Any:
         return module(*args, **kwargs)
 
-    # A fresh code object per compiled module: Dynamo keeps its cache (and counts recompiles) per
-    # code object, so modules compiled separately must not share one.
-    call_module.__code__ = call_module.__code__.replace()
+    # A fresh, uniquely named code object per compiled module: Dynamo keeps its cache and counts
+    # recompiles per code object, and keys automatic-dynamic shape state on (file, line, name), so
+    # two modules compiled separately must share neither (else the second one's first call is
+    # compiled with dynamic shapes because the first one saw other sizes).
+    global _compiled_modules
+    _compiled_modules += 1
+    name = f"compiled_{type(module).__name__}_{_compiled_modules}"
+    code = call_module.__code__
+    names = {"co_name": name, **({"co_qualname": name} if hasattr(code, "co_qualname") else {})}
+    call_module.__code__ = code.replace(**names)
     return call_module
+
+
+_compiled_modules = 0
 
 
 def _graph_break_message(exc: BaseException) -> str:

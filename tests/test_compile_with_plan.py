@@ -241,3 +241,22 @@ def test_folded_constants_survive_the_passes_that_retrace_after_folding():
     x = torch.randn(4, 16)
     assert compare(with_positions(x), compiled(x)) is None
     assert "_tensor_constant" in compilation_of(compiled).graphs[0].final_code
+
+
+def test_a_second_module_with_other_sizes_is_compiled_with_static_shapes():
+    class Norm(torch.nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.norm = torch.nn.LayerNorm(width)
+
+        def forward(self, x):
+            return torch.nn.functional.gelu(self.norm(x)) + x
+
+    with torch.no_grad():
+        for rows, width in ((4, 8), (32, 64)):
+            model = Norm(width).eval()
+            compiled = compile_with_plan(model, "default")
+            x = torch.randn(rows, width)
+            assert compare(model(x), compiled(x)) is None
+            record = compilation_of(compiled).graphs[0]
+            assert record.kernels == 1, record.notes
