@@ -56,17 +56,6 @@ def retrace(fn: Callable, example_inputs: list, *, decompositions: dict | None =
         fake_mode.allow_non_fake_inputs = allowed
 
 
-def example_values(gm: torch.fx.GraphModule) -> list | None:
-    """The example values recorded on a graph's placeholders, or None when any is missing."""
-    out = []
-    for node in gm.graph.find_nodes(op="placeholder"):
-        value = node.meta.get("val", node.meta.get("example_value"))
-        if value is None:
-            return None
-        out.append(value)
-    return out
-
-
 # -- operators and decomposition tables --------------------------------------------------------
 def resolve_op(name: str):
     """``"aten.addmm"`` or ``"aten.addmm.default"`` to the operator object, or None if unknown."""

@@ -70,10 +70,6 @@ def reduction_axes(node: torch.fx.Node) -> tuple[int, ...]:
     return tuple(sorted({d % rank for d in dims})) if rank else ()
 
 
-def static_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 @attrs.define(eq=False)
 class FusedGroup:
     """One fused kernel: its subgraph (placeholders = group inputs, output = tuple of group outputs),

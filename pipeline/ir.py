@@ -1,7 +1,6 @@
 """Helpers on FX graphs shared by passes (a pass never imports another pass's internals)."""
 from __future__ import annotations
 
-import operator
 from typing import Any
 
 import torch
@@ -71,17 +70,3 @@ def node_args_hashable(value: Any) -> Any:
     hash(value)
     return (type(value).__name__, value)
 
-
-def is_getitem(node: torch.fx.Node) -> bool:
-    return node.op == "call_function" and node.target is operator.getitem
-
-
-def mutated_placeholders(gm: torch.fx.GraphModule) -> list[str]:
-    """Names of inputs a graph writes into (in-place ops whose first argument is an input)."""
-    out = []
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and compat.is_mutating(node.target) and node.args:
-            first = node.args[0]
-            if isinstance(first, torch.fx.Node) and first.op == "placeholder":
-                out.append(first.name)
-    return out

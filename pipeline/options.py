@@ -58,11 +58,6 @@ class OptionInfo:
     doc: str
 
 
-def is_options_class(cls: Any) -> bool:
-    """True for a frozen attrs class whose fields all have defaults and supported types."""
-    return option_class_problem(cls) is None
-
-
 def option_class_problem(cls: Any) -> str | None:
     """Why ``cls`` cannot be a pass's options class, or None when it can."""
     if not (isinstance(cls, type) and attrs.has(cls)):

@@ -2,13 +2,11 @@
 Nothing here decides what *should* fuse: that is ``choices.py``."""
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
-from pipeline.fused import (POINTWISE, REDUCTIONS, UNIT_RESHAPES, group_levels, level_of, meta_of, packet_name,
+from pipeline.fused import (POINTWISE, REDUCTIONS, UNIT_RESHAPES, group_levels, meta_of, packet_name,
                            reduction_axes)
 
 _SUPPORTED_DTYPES = {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8,
@@ -41,11 +39,6 @@ class Group:
     def only_used_inside(self, extra: torch.fx.Node | None = None) -> bool:
         """True when no value of the group is needed outside it (besides by ``extra``)."""
         return all(u in self.members or u is extra for n in self.nodes for u in n.users)
-
-    def level(self, node: torch.fx.Node) -> str | None:
-        if packet_name(node.target) in REDUCTIONS:
-            return "outer"
-        return level_of(tuple(meta_of(node).shape), self.domain, self.reduced)
 
 
 def classify(node: torch.fx.Node) -> tuple[str | None, str]:
@@ -157,15 +150,6 @@ def merge_problem(target: Group, other: Group, node: torch.fx.Node, depends_on: 
                 if arg not in a.members and arg not in b.members and b.id in depends_on.get(arg, ()):
                     return f"{arg.name} depends on group {b.id} (merging would create a cycle)"
     return None
-
-
-def _broadcasts_to(src: Any, dst: torch.Tensor) -> bool:
-    if not isinstance(src, torch.Tensor):
-        return True
-    try:
-        return tuple(torch.broadcast_shapes(tuple(src.shape), tuple(dst.shape))) == tuple(dst.shape)
-    except RuntimeError:
-        return False
 
 
 def creates_cycle(group: Group, node: torch.fx.Node, depends_on: dict) -> str | None:
