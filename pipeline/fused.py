@@ -226,3 +226,19 @@ def promoted_dtype(args: list) -> torch.dtype:
               else meta_of(a) for a in args]
     result = values[0] if len(values) == 1 else torch.result_type(values[0], values[1])
     return result.dtype if isinstance(result, torch.Tensor) else result
+
+
+def clamp_bounds(node: torch.fx.Node) -> tuple[Any, Any]:
+    """(low, high) literal bounds of a clamp-like node (clamp, clamp_min, clamp_max, hardtanh);
+    None where a side is unbounded."""
+    name = packet_name(node.target)
+    args, kw = list(node.args), node.kwargs
+    if name == "aten.clamp_min":
+        return args[1], None
+    if name == "aten.clamp_max":
+        return None, args[1]
+    if name == "aten.hardtanh":
+        return (args[1] if len(args) > 1 else kw.get("min_val", -1.0),
+                args[2] if len(args) > 2 else kw.get("max_val", 1.0))
+    return (args[1] if len(args) > 1 else kw.get("min"),
+            args[2] if len(args) > 2 else kw.get("max"))

@@ -183,3 +183,14 @@ def test_property_test_catches_a_planted_wrong_legality_rule(monkeypatch):
     monkeypatch.setattr(fused, "_lines_up", lambda shape, domain, reduced: True)
     with pytest.raises(SemanticsError, match="changed the result"):
         run_reduction_then_broadcast_property()
+
+
+def test_clamps_and_selects_propagate_nan_like_eager():
+    def clamps(x, y):
+        return (torch.clamp(x, -0.5, 0.7) + F.hardtanh(x) + torch.clamp_min(x, 0.1) + torch.clamp_max(x, 0.2)
+                + torch.maximum(x, y) + torch.relu(x) + F.leaky_relu(x, 0.2))
+
+    x, y = torch.randn(8, 33), torch.randn(8, 33)
+    x[0, 0], y[1, 2] = float("nan"), float("nan")
+    record = compiled_record(clamps, x, y)
+    assert record.kernels == 1

@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 import torch
 
-from pipeline.fused import UNIT_RESHAPES, meta_of, packet_name, promoted_dtype, value_dtype
+from pipeline.fused import UNIT_RESHAPES, clamp_bounds, meta_of, packet_name, promoted_dtype, value_dtype
 
 C_STORAGE = {torch.float32: "float", torch.float64: "double", torch.float16: "_Float16",
              torch.bfloat16: "uint16_t", torch.int8: "int8_t", torch.uint8: "uint8_t",
@@ -127,16 +127,7 @@ def pointwise_expr(node: torch.fx.Node, operand: Callable[[Any, str], str]) -> s
         return nan_guard(x, nan_guard(y, select(f"{x} {op} {y}", x, y, ct), ct), ct)
     if name in ("aten.clamp", "aten.clamp_min", "aten.clamp_max", "aten.hardtanh"):
         x = a(0)
-        if name == "aten.clamp_min":
-            lo, hi = args[1], None
-        elif name == "aten.clamp_max":
-            lo, hi = None, args[1]
-        elif name == "aten.hardtanh":
-            lo = args[1] if len(args) > 1 else -1.0
-            hi = args[2] if len(args) > 2 else 1.0
-        else:
-            lo = args[1] if len(args) > 1 else kw.get("min")
-            hi = args[2] if len(args) > 2 else kw.get("max")
+        lo, hi = clamp_bounds(node)
         expr = x
         if lo is not None:
             expr = select(f"{expr} < {literal(lo, ct)}", literal(lo, ct), expr, ct)

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 import torch.fx
 
-from pipeline.fused import UNIT_RESHAPES, meta_of, packet_name, promoted_dtype, value_dtype
+from pipeline.fused import UNIT_RESHAPES, clamp_bounds, meta_of, packet_name, promoted_dtype, value_dtype
 
 TL_STORAGE = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
               torch.bfloat16: "tl.bfloat16", torch.int8: "tl.int8", torch.uint8: "tl.uint8",
@@ -304,16 +304,7 @@ def pointwise_expr(node, operand: Callable[[Any, str], str], uses: set[str]) -> 
         return f"tl.where({keep}, {x}, {y})"
     if name in ("aten.clamp", "aten.clamp_min", "aten.clamp_max", "aten.hardtanh"):
         x = a(0)
-        if name == "aten.clamp_min":
-            lo, hi = args[1], None
-        elif name == "aten.clamp_max":
-            lo, hi = None, args[1]
-        elif name == "aten.hardtanh":
-            lo = args[1] if len(args) > 1 else -1.0
-            hi = args[2] if len(args) > 2 else 1.0
-        else:
-            lo = args[1] if len(args) > 1 else kw.get("min")
-            hi = args[2] if len(args) > 2 else kw.get("max")
+        lo, hi = clamp_bounds(node)
         expr = x
         # Comparisons with NaN are false, so a NaN input passes through both selects.
         if lo is not None:
