@@ -45,6 +45,8 @@ class Fuse(Pass):
     def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
         with torch.no_grad():
             graph = compat.retrace(graph, context.example_inputs, decompositions=FUSION_DECOMPOSITIONS)
+        graph.graph.eliminate_dead_code()  # unused outputs of rewritten reductions never become kernels
+        graph.recompile()
         groups = self.form_groups(graph, context)
         kept = [g for g in groups if any(classify(n)[0] != "reshape" for n in g.nodes)]
         if not kept:

@@ -33,26 +33,26 @@ def mean_dim(x, dim=None, keepdim=False, *, dtype=None):
     return out.to(source.dtype)
 
 
-def var_correction(x, dim=None, *, correction=None, keepdim=False):
-    dims = _norm_dims(x, dim)
-    n = _count(x, dims)
-    corr = 1 if correction is None else correction
-    acc = x.to(_accumulation_dtype(x))
-    mean = acc.sum(dims, keepdim=True) / n
-    centered = acc - mean
-    out = (centered * centered).sum(dims, keepdim=keepdim) / max(n - corr, 0)
-    return out.to(x.dtype)
-
-
-def var_mean_correction(x, dim=None, *, correction=None, keepdim=False):
-    dims = _norm_dims(x, dim)
+def _variance(x, dims, correction, keepdim):
+    """Two-pass variance (sum, then sum of squared deviations) in the accumulation dtype; also
+    returns the mean with reduced axes kept."""
     n = _count(x, dims)
     corr = 1 if correction is None else correction
     acc = x.to(_accumulation_dtype(x))
     mean_keep = acc.sum(dims, keepdim=True) / n
     centered = acc - mean_keep
-    var = (centered * centered).sum(dims, keepdim=keepdim) / max(n - corr, 0)
-    mean = mean_keep if keepdim else mean_keep.squeeze(dims) if dims else mean_keep
+    return (centered * centered).sum(dims, keepdim=keepdim) / max(n - corr, 0), mean_keep
+
+
+def var_correction(x, dim=None, *, correction=None, keepdim=False):
+    var, _ = _variance(x, _norm_dims(x, dim), correction, keepdim)
+    return var.to(x.dtype)
+
+
+def var_mean_correction(x, dim=None, *, correction=None, keepdim=False):
+    dims = _norm_dims(x, dim)
+    var, mean_keep = _variance(x, dims, correction, keepdim)
+    mean = mean_keep if keepdim or not dims else mean_keep.squeeze(dims)
     return var.to(x.dtype), mean.to(x.dtype)
 
 
