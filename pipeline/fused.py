@@ -242,3 +242,6 @@ def clamp_bounds(node: torch.fx.Node) -> tuple[Any, Any]:
                 args[2] if len(args) > 2 else kw.get("max_val", 1.0))
     return (args[1] if len(args) > 1 else kw.get("min"),
             args[2] if len(args) > 2 else kw.get("max"))
+
+# Comparison operators and the infix symbol both backends render them with.
+COMPARISONS = {"aten.gt": ">", "aten.ge": ">=", "aten.lt": "<", "aten.le": "<=", "aten.eq": "==", "aten.ne": "!="}

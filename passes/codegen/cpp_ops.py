@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 import torch
 
-from pipeline.fused import UNIT_RESHAPES, clamp_bounds, meta_of, packet_name, promoted_dtype, value_dtype
+from pipeline.fused import COMPARISONS, UNIT_RESHAPES, clamp_bounds, meta_of, packet_name, promoted_dtype, value_dtype
 
 C_STORAGE = {torch.float32: "float", torch.float64: "double", torch.float16: "_Float16",
              torch.bfloat16: "uint16_t", torch.int8: "int8_t", torch.uint8: "uint8_t",
@@ -140,10 +140,9 @@ def pointwise_expr(node: torch.fx.Node, operand: Callable[[Any, str], str]) -> s
         return select(f"{x} > 0", x, f"{x} * {literal(slope, ct)}", ct)
     if name == "aten.where":
         return select(operand(args[0], "bool"), a(1), a(2), ct)
-    if name in ("aten.gt", "aten.ge", "aten.lt", "aten.le", "aten.eq", "aten.ne"):
+    if name in COMPARISONS:
         cmp_ct = compute_type(promoted_dtype(args[:2]))
-        op = {"aten.gt": ">", "aten.ge": ">=", "aten.lt": "<", "aten.le": "<=", "aten.eq": "==",
-              "aten.ne": "!="}[name]
+        op = COMPARISONS[name]
         return f"({operand(args[0], cmp_ct)} {op} {operand(args[1], cmp_ct)})"
     if name == "aten.logical_not":
         return f"(!{operand(args[0], 'bool')})"

@@ -363,12 +363,11 @@ class KernelWriter:
         elif name == "aten.prod":
             self.emit(depth, f"{self.ctype(node)} {acc} = 1;")
         elif name in ("aten.amax", "aten.amin"):
-            init = "lowest()" if name == "aten.amax" else "max()"
             if src_ct in ("float", "double"):
-                init = "infinity()" if name == "aten.amin" else "infinity()"
                 sign = "-" if name == "aten.amax" else ""
-                self.emit(depth, f"{src_ct} {acc} = {sign}std::numeric_limits<{src_ct}>::{init};")
+                self.emit(depth, f"{src_ct} {acc} = {sign}std::numeric_limits<{src_ct}>::infinity();")
             else:
+                init = "lowest()" if name == "aten.amax" else "max()"
                 self.emit(depth, f"{src_ct} {acc} = std::numeric_limits<{src_ct}>::{init};")
             self.emit(depth, f"int64_t nan_{node.name} = 0;")
         else:  # argmax / argmin

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 import torch.fx
 
-from pipeline.fused import UNIT_RESHAPES, clamp_bounds, meta_of, packet_name, promoted_dtype, value_dtype
+from pipeline.fused import COMPARISONS, UNIT_RESHAPES, clamp_bounds, meta_of, packet_name, promoted_dtype, value_dtype
 
 TL_STORAGE = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
               torch.bfloat16: "tl.bfloat16", torch.int8: "tl.int8", torch.uint8: "tl.uint8",
@@ -321,10 +321,9 @@ def pointwise_expr(node, operand: Callable[[Any, str], str], uses: set[str]) -> 
         if not any(isinstance(v, torch.fx.Node) for v in args[1:]):
             expr = cast(expr, "?", ct)      # two literals: give the result the node's type
         return expr
-    if name in ("aten.gt", "aten.ge", "aten.lt", "aten.le", "aten.eq", "aten.ne"):
+    if name in COMPARISONS:
         cmp_ct = compute_type(promoted_dtype(args[:2]))
-        op = {"aten.gt": ">", "aten.ge": ">=", "aten.lt": "<", "aten.le": "<=", "aten.eq": "==",
-              "aten.ne": "!="}[name]
+        op = COMPARISONS[name]
         return f"({operand(args[0], cmp_ct)} {op} {operand(args[1], cmp_ct)})"
     if name == "aten.logical_not":
         return f"({operand(args[0], 'tl.int1')} == 0)"
