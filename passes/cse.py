@@ -22,6 +22,7 @@ class CommonSubexpressionElimination(Pass):
     Options = CseOptions
     version = "1"
     requires = frozenset({"functional"})
+    uses_fuel = True
 
     def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
         excluded = set(self.options.exclude)
@@ -42,6 +43,8 @@ class CommonSubexpressionElimination(Pass):
             first = seen.get(key)
             if first is None:
                 seen[key] = node
+                continue
+            if not context.use_fuel(f"merge {node.name} into {first.name}"):
                 continue
             node.replace_all_uses_with(first)
             graph.graph.erase_node(node)

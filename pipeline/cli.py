@@ -1,4 +1,5 @@
-"""The ``pipeline`` command: inspect passes, validate/resolve/diff plans, run the demo."""
+"""The ``pipeline`` command: inspect passes, validate/resolve/diff plans, run the demo, open
+compile reports, bisect a miscompile to its pass, and replay or minimize reproducers."""
 from __future__ import annotations
 
 import argparse
@@ -89,7 +90,82 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    import json
+    import webbrowser
+    from pathlib import Path
+    from .report_html import render_html
+    path = Path(args.path)
+    source = path / "report.json" if path.is_dir() else path
+    if source.suffix == ".html":
+        source = source.with_suffix(".json") if source.with_suffix(".json").is_file() else source
+    if not source.is_file():
+        print(f"error: no compile report at {args.path} (give report.json, report.html or their folder)",
+              file=sys.stderr)
+        return 2
+    page = source
+    if source.suffix == ".json":
+        try:
+            report = json.loads(source.read_text())
+        except json.JSONDecodeError as exc:
+            print(f"error: {source} is not a compile report: {exc}", file=sys.stderr)
+            return 2
+        page = source.with_name("report.html")
+        page.write_text(render_html(report))
+    print(page)
+    if args.serve:
+        return _serve(page, args.port)
+    if not args.no_open and not webbrowser.open(page.resolve().as_uri()):
+        print(f"open {page.resolve().as_uri()} in a browser (or use --serve)")
+    return 0
+
+
+def _serve(page: "Path", port: int) -> int:
+    import functools
+    import http.server
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(page.parent))
+    with http.server.ThreadingHTTPServer(("127.0.0.1", port), handler) as server:
+        print(f"serving http://127.0.0.1:{server.server_address[1]}/{page.name} (Ctrl-C stops)", flush=True)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+def _cmd_bisect(args: argparse.Namespace) -> int:
+    from .bisect import bisect, load_target
+    model, inputs = load_target(args.target)
+    result = bisect(model, *inputs, plan=args.plan, rtol=args.rtol, atol=args.atol, use_fuel=not args.no_fuel)
+    print(result)
+    return 0 if result.culprit is None else 1
+
+
+def _cmd_repro(args: argparse.Namespace) -> int:
+    from .repro import load_reproducer, replay
+    repro = load_reproducer(args.directory)
+    recorded = repro.failure
+    print(f"reproducer {repro.directory}: pass '{repro.pass_name}' from {repro.info['plugin']} on graph "
+          f"{repro.info['graph']} ({len(repro.graph.graph.nodes)} nodes)")
+    print(f"recorded: {recorded.describe()}")
+    seen = replay(repro)
+    if not recorded.same_kind(seen):
+        print(f"not reproduced: {seen.describe() if seen else 'the pass now preserves the result'}")
+        return 0
+    print(f"reproduced: {seen.describe()}")
+    if args.minimize:
+        from .minimize import minimize, write_minimized
+        result = minimize(repro, max_checks=args.max_checks)
+        folder = write_minimized(repro, result, args.out)
+        print(f"minimized: {result.nodes_before} -> {result.nodes_after} nodes in {result.checks} checks, "
+              f"still {result.failure.describe()}")
+        print(f"written to {folder}")
+        print(result.graph.code.strip())
+    return 1
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The ``pipeline`` command's argument parser, one sub-command per task."""
     parser = argparse.ArgumentParser(prog="pipeline", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("passes", help="list every registered pass with its options, types, defaults and docs")
@@ -115,10 +191,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the suite (e.g. --quick, --out DIR)")
     p.set_defaults(func=_cmd_bench)
+    p = sub.add_parser("report", help="render a compile report (report.json or its folder) as HTML and open it")
+    p.add_argument("path", help="report.json, report.html or the folder holding them")
+    p.add_argument("--serve", action="store_true", help="serve the page on 127.0.0.1 instead of opening a browser")
+    p.add_argument("--port", type=int, default=0, help="port for --serve (default: any free port)")
+    p.add_argument("--no-open", action="store_true", help="only write and print the page's path")
+    p.set_defaults(func=_cmd_report)
+    p = sub.add_parser("bisect", help="name the first pass after which a model's compiled output differs from eager")
+    p.add_argument("target", help="path/to/file.py[:factory] or package.module[:factory]; the factory "
+                                  "(default model_and_inputs) returns (model, inputs)")
+    p.add_argument("--plan", default="default", help="plan name or path (default: default)")
+    p.add_argument("--rtol", type=float, default=None, help="relative tolerance (default: per dtype)")
+    p.add_argument("--atol", type=float, default=None, help="absolute tolerance (default: per dtype)")
+    p.add_argument("--no-fuel", action="store_true", help="do not bisect the rewrites of the pass found")
+    p.set_defaults(func=_cmd_bisect)
+    p = sub.add_parser("repro", help="replay a reproducer written by verify: each (exit 1 when it still fails)")
+    p.add_argument("directory", help="the reproducer folder")
+    p.add_argument("--minimize", action="store_true", help="shrink the graph while it keeps failing the same way")
+    p.add_argument("--out", default=None, help="folder for the minimized reproducer (default: DIR/minimized)")
+    p.add_argument("--max-checks", type=int, default=400, help="most replays the minimizer may run")
+    p.set_defaults(func=_cmd_repro)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``pipeline`` command; returns its exit status (2 for a project error, printed
+    as one line without a traceback)."""
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

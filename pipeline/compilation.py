@@ -1,6 +1,10 @@
 """One compile of one model under one plan: binds fresh pass instances, receives every graph the
 capture pass hands over, runs the pass manager on it, applies the failure policy and verification,
-and keeps the record the report and ``explain`` are built from."""
+and keeps the record the compile report and ``explain`` are built from.
+
+Recording is cheap by default: per-pass times, notes, what capture said about each graph (break
+reason and source line, guards) and what the final graph calls. The graph's source after every
+pass is kept only when a report is requested (``PIPELINE_REPORT_DIR`` or ``report=``)."""
 from __future__ import annotations
 
 import logging
@@ -14,16 +18,18 @@ import torch
 import torch.fx
 
 from . import compat
-from .errors import ExpectationError, PipelineError
+from .errors import ExpectationError, PassFailure, PipelineError
 from .fused import count_kernels
-from .graph_pass import CaptureContext, PassContext
-from .instruments import PassTimer, Snapshots, SourceDump, copy_graph
+from .graph_contents import graph_contents
+from .graph_pass import CaptureContext, Fuel, PassContext
+from .instruments import GraphSources, PassTimer, Snapshots, SourceDump, copy_graph
+from .logs import get_logger
 from .manager import BoundPass, PassManager
 from .plan import Plan
 from .registry import Registry
 from .verification import FirstCallVerifier
 
-log = logging.getLogger("pipeline.passes")
+REPORT_DIR_ENV = "PIPELINE_REPORT_DIR"
 
 
 @attrs.define(eq=False)
@@ -42,18 +48,32 @@ class GraphRecord:
     cudagraphs: bool = False
     seconds: float = 0.0
     final_code: str = ""
+    contents: dict = attrs.field(factory=dict)   # kernels, eager_groups, extern_calls (graph_contents)
+    sources: list = attrs.field(factory=list)    # {"stage", "code"}: as captured, then after each pass
+    reproducer: str | None = None
 
 
 class Compilation:
     """The state of compiling one model with one plan; given back by :func:`compilation_of`."""
 
-    def __init__(self, plan: Plan, registry: Registry):
+    def __init__(self, plan: Plan, registry: Registry, *, report: bool | str | os.PathLike | None = None,
+                 fuel: Fuel | None = None):
         self.plan = plan
         self.registry = registry
         self.graphs: list[GraphRecord] = []
         self.graph_breaks: list[str] = []
+        self.captures: list[dict] = []   # what Dynamo said about each captured graph (compat.capture_details)
         self.recompiles: list[str] = []
         self.compile_seconds = 0.0
+        self.fuel = fuel
+        env_dir = os.environ.get(REPORT_DIR_ENV) or None
+        self.report_dir = str(report) if isinstance(report, (str, os.PathLike)) else env_dir
+        self.record_sources = bool(report) or self.report_dir is not None
+        # Reports asked for through the environment get a folder per compile inside the directory.
+        self.report_subfolder = not isinstance(report, (str, os.PathLike))
+        self.report_folder: Any = None
+        self.report_path: str | None = None
+        self._reported_version = 0
         self._checked_version = 0
         self.version = 0  # bumped by every graph compile; after_call checks only when it moved
         self._break_baseline = compat.graph_break_counts()
@@ -67,13 +87,15 @@ class Compilation:
 
     # -- the capture pass calls this for every graph it captures ------------------------------
     def capture_context(self) -> CaptureContext:
+        """What the capture pass is given: the plan, and this compilation to record events in."""
         return CaptureContext(plan=self.plan, compilation=self)
 
     def compile_graph(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         """Compile one captured graph through the plan's graph passes; returns its callable."""
         self.version += 1
-        self._collect_graph_breaks()
         graph_id = f"g{self._graph_count()}"
+        self._record_capture(gm, graph_id)
+        self._collect_graph_breaks()
         needs_grad = torch.is_grad_enabled() and any(
             isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
         if needs_grad:
@@ -95,11 +117,14 @@ class Compilation:
         original = copy_graph(gm) if (plan.verify != "off" or plan.on_error == "eager") else gm
         context = PassContext(graph_id=graph_id, target=self._target(example_inputs),
                               example_inputs=example_inputs, plan=plan, role=role,
-                              tags=set(type(self.capture.instance).provided(self.capture.instance.options)))
+                              tags=set(type(self.capture.instance).provided(self.capture.instance.options)),
+                              fuel=self.fuel, record=record)
         snapshots = Snapshots() if plan.verify == "each" else None
         instruments: list = [PassTimer(record)]
         if snapshots is not None:
             instruments.append(snapshots)
+        if self.record_sources:
+            instruments.append(GraphSources(record))
         dump_dir = os.environ.get("PIPELINE_DUMP_DIR")
         if dump_dir:
             instruments.append(SourceDump(dump_dir))
@@ -109,24 +134,59 @@ class Compilation:
         try:
             final = manager.run(gm, context)
         except PipelineError as exc:
+            if isinstance(exc, PassFailure) and snapshots is not None:
+                done = len(snapshots.items)   # the failing pass is graph pass number `done`
+                exc = self._with_reproducer(exc, record, snapshots.items[-1][1] if done else original,
+                                            done + 1, example_inputs, context)
             return self._fail(exc, record, original, start)
         finally:
-            record.notes = list(context.notes)
+            record.notes = context.notes      # shared: run-time decisions (cudagraphs) land here too
             record.tags = sorted(context.tags)
         record.final_code = final.code
         record.kernels = count_kernels(final)
+        record.contents = graph_contents(final)
+        record.cudagraphs = "cudagraphs" in context.tags
         record.seconds = time.perf_counter() - start
         self.compile_seconds += record.seconds
-        for entry in record.passes:
-            log.debug("%s %s %.2f ms", graph_id, entry["pass"], entry["seconds"] * 1e3)
+        _log_graph(record)
         if plan.verify == "off":
             return final.forward
-        steps = snapshots.items if snapshots is not None else [(self.graph_passes[-1].name, final)
-                                                                if self.graph_passes else ("capture", final)]
+        if snapshots is not None:
+            steps = [(name, graph, index + 1) for index, (name, graph) in enumerate(snapshots.items)]
+        else:
+            last = len(plan.passes) - 1
+            steps = [(plan.passes[last].name, final, last)]
         plugins = {b.name: str(b.plugin) for b in self.graph_passes}
         record.verified = "pending first call"
+        tags = {position: self.tags_before(position) for position in {1, *(p for _, _, p in steps)}}
         return FirstCallVerifier(original=original, steps=steps, compiled=final.forward, record=record,
-                                 plugins=plugins, on_error=plan.on_error, plan=plan)
+                                 plugins=plugins, on_error=plan.on_error, plan=plan, tags=tags,
+                                 target=context.target)
+
+    def _with_reproducer(self, exc: PassFailure, record: GraphRecord, received: torch.fx.GraphModule,
+                         position: int, example_inputs: list, context: PassContext) -> PassFailure:
+        """Under ``verify: each``, a pass that raised leaves a reproducer of the graph it received."""
+        from .repro import Failure, write_reproducer
+        cause = exc.__cause__
+        failure = Failure(kind="exception", exception_type=type(cause or exc).__name__,
+                          message=str(cause or exc))
+        path = write_reproducer(graph_id=record.graph_id, position=position, plugin=exc.plugin,
+                                received=received, args=example_inputs, plan=self.plan, failure=failure,
+                                tags=self.tags_before(position), target=context.target, role=record.role)
+        record.reproducer = path
+        new = PassFailure(f"{exc}. Reproducer: {path}", pass_name=exc.pass_name, plugin=exc.plugin,
+                          graph_id=exc.graph_id, reproducer=path)
+        new.__cause__ = cause
+        return new
+
+    def tags_before(self, position: int) -> list[str]:
+        """The invariant tags a graph has when the plan's pass number ``position`` (0 is the capture
+        pass) receives it; a reproducer replays that pass with them."""
+        tags = set(type(self.capture.instance).provided(self.capture.instance.options))
+        for bound in self.graph_passes[:max(position - 1, 0)]:
+            cls = type(bound.instance)
+            tags = (tags - set(cls.invalidates)) | set(cls.provided(bound.instance.options))
+        return sorted(tags)
 
     def _fail(self, exc: PipelineError, record: GraphRecord, original: torch.fx.GraphModule,
               start: float) -> Callable:
@@ -147,11 +207,40 @@ class Compilation:
                 return "cuda"
         return "cpu"
 
+    def _record_capture(self, gm: torch.fx.GraphModule, graph_id: str) -> None:
+        details = compat.capture_details(gm)
+        if details is None:
+            return
+        details["graph"] = graph_id
+        self.captures.append(details)
+        guards = get_logger("guards")
+        if guards.isEnabledFor(logging.INFO):
+            guards.info("%s: %d guard(s)", graph_id, len(details["guards"]))
+            for guard in details["guards"]:
+                guards.debug("%s:   %s %s", graph_id, guard["kind"], guard["source"])
+
+    def break_site(self, reason: str, used: set[int] | None = None) -> dict | None:
+        """Where (file, line, code) capture stopped for a graph break with this reason, if a
+        captured graph ended there; ``used`` keeps repeated reasons on distinct sites."""
+        used = set() if used is None else used
+        for index, capture in enumerate(self.captures):
+            if capture["graph_break"] and capture["reason"] == reason and index not in used and capture["where"]:
+                used.add(index)
+                return capture["where"][-1]
+        return None
+
     def _collect_graph_breaks(self) -> None:
         now = compat.graph_break_counts()
+        logger = get_logger("graph_breaks")
         for reason, count in now.items():
             new = count - self._break_baseline.get(reason, 0)
-            self.graph_breaks.extend([reason] * max(new, 0))
+            for _ in range(max(new, 0)):
+                self.graph_breaks.append(reason)
+                if logger.isEnabledFor(logging.INFO):
+                    site = self.break_site(reason)
+                    where = f" at {site['file']}:{site['line']}: {site['code']}" if site else ""
+                    logger.info("graph break %d%s: %s", len(self.graph_breaks), where,
+                                reason.strip().splitlines()[0] if reason.strip() else reason)
         self._break_baseline = now
 
     # -- after each call ----------------------------------------------------------------------
@@ -162,18 +251,46 @@ class Compilation:
             return
         self._checked_version = self.version
         self._collect_graph_breaks()
-        self.check_expectations()
+        try:
+            self.check_expectations()
+        finally:
+            self.write_requested_report()
 
-    def check_expectations(self) -> None:
-        expect = self.plan.expect
-        misses = []
-        measured = {
+    def after_failure(self) -> None:
+        """A call raised: write the requested report of what compiled so far (if anything did)."""
+        if self.version != self._reported_version:
+            self._collect_graph_breaks()
+            self.write_requested_report()
+
+    def write_requested_report(self) -> None:
+        """Write the compile report to the requested folder, once per new compile."""
+        if self.report_dir is None or self.version == self._reported_version:
+            return
+        self._reported_version = self.version
+        from .report import write_report
+        try:
+            self.report_path = str(write_report(self, self.report_dir, subfolder=self.report_subfolder))
+        except OSError as exc:   # a report must never turn a working call into a failing one
+            warnings.warn(f"pipeline: could not write the compile report to {self.report_dir}: {exc}",
+                          stacklevel=3)
+            return
+        get_logger("passes").info("compile report: %s", self.report_path)
+
+    def measurements(self) -> dict:
+        """What the plan's ``expect:`` limits are checked against, by expectation key."""
+        return {
             "max_graph_breaks": len(self.graph_breaks),
             "max_recompiles": len(self.recompiles),
             "max_kernels": sum(r.kernels for r in self.graphs),
             "max_compile_seconds": round(self.compile_seconds, 3),
         }
-        for key, value in measured.items():
+
+    def check_expectations(self) -> None:
+        """Raise :class:`ExpectationError` (or warn, per ``expect.on_miss``) naming every missed
+        expectation and the value the compile measured."""
+        expect = self.plan.expect
+        misses = []
+        for key, value in self.measurements().items():
             limit = getattr(expect, key)
             if limit is not None and value > limit:
                 misses.append(f"expect.{key} is {limit} but the compile measured {value}")
@@ -202,4 +319,34 @@ class Compilation:
         }
 
 
-__all__ = ["Compilation", "GraphRecord"]
+def _log_graph(record: GraphRecord) -> None:
+    """One compiled graph on the passes, fusion, codegen and cudagraphs topics."""
+    passes = get_logger("passes")
+    if passes.isEnabledFor(logging.INFO):
+        for entry in record.passes:
+            passes.info("%s %s: %.2f ms, %d -> %d nodes", record.graph_id, entry["pass"],
+                        entry["seconds"] * 1e3, entry["nodes_before"], entry["nodes_after"])
+    fusion = get_logger("fusion")
+    if fusion.isEnabledFor(logging.INFO):
+        for group in record.contents["kernels"] + record.contents["eager_groups"]:
+            fusion.info("%s group %s (%s, domain %s): %s", record.graph_id, group["name"], group["kind"],
+                        group["domain"], ", ".join(group["ops"]))
+    codegen = get_logger("codegen")
+    if codegen.isEnabledFor(logging.INFO):
+        for kernel in record.contents["kernels"]:
+            codegen.info("%s kernel %s (%s, %d ops)", record.graph_id, kernel["kernel"], kernel["backend"],
+                         len(kernel["ops"]))
+            codegen.debug("%s kernel %s source:\n%s", record.graph_id, kernel["kernel"], kernel["source"])
+        for group in record.contents["eager_groups"]:
+            codegen.info("%s group %s has no kernel (runs eagerly)", record.graph_id, group["name"])
+    cudagraphs = get_logger("cudagraphs")
+    if cudagraphs.isEnabledFor(logging.INFO):
+        reasons = [n["message"] for n in record.notes if n.get("topic") == "cudagraphs"]
+        if record.cudagraphs:
+            cudagraphs.info("%s runs under CUDA graphs", record.graph_id)
+        else:
+            cudagraphs.info("%s does not run under CUDA graphs: %s", record.graph_id,
+                            "; ".join(reasons) or "no pass in the plan wrapped it")
+
+
+__all__ = ["Compilation", "GraphRecord", "REPORT_DIR_ENV"]

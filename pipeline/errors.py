@@ -56,10 +56,12 @@ class RegistrationError(PipelineError):
 class PassFailure(PipelineError):
     """A pass raised while compiling a graph; names the pass, its plugin and the graph."""
 
-    def __init__(self, message: str, *, pass_name: str, plugin: str, graph_id: str):
+    def __init__(self, message: str, *, pass_name: str, plugin: str, graph_id: str,
+                 reproducer: str | None = None):
         self.pass_name = pass_name
         self.plugin = plugin
         self.graph_id = graph_id
+        self.reproducer = reproducer
         super().__init__(message)
 
 

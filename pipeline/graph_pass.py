@@ -4,11 +4,13 @@
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, ClassVar
 
 import attrs
 import torch.fx
 
+from .logs import get_logger
 from .options import NoOptions
 
 # A compiled graph's entry point: takes the graph's flat inputs, returns its outputs.
@@ -24,7 +26,8 @@ class Pass:
     - ``version``: bump it whenever the pass's output changes; it feeds the compile cache key;
     - ``requires`` / ``provides`` / ``invalidates``: invariant tags (``functional``, ``core-aten``,
       ``fused``, ...). A plan is rejected at load time if a pass requires a tag no earlier pass
-      provides (tags the capture pass establishes count as provided).
+      provides (tags the capture pass establishes count as provided);
+    - ``uses_fuel``: whether ``run`` asks ``context.use_fuel()`` before each rewrite (optional).
 
     An instance is bound to one compile of one plan, with its parsed options in ``self.options``;
     passes never share state through globals.
@@ -37,6 +40,9 @@ class Pass:
     provides: ClassVar[frozenset[str]] = frozenset()
     invalidates: ClassVar[frozenset[str]] = frozenset()
     stage: ClassVar[str] = "graph"
+    #: True when ``run`` asks :meth:`PassContext.use_fuel` before every rewrite, so ``pipeline
+    #: bisect`` can find the first rewrite of this pass that changes the result.
+    uses_fuel: ClassVar[bool] = False
 
     def __init__(self, options: Any = None):
         self.options = options if options is not None else self.Options()
@@ -72,6 +78,30 @@ class CapturePass(Pass):
         return graph
 
 
+class Fuel:
+    """How many rewrites each pass may still make in one compile (``pipeline bisect`` sets it).
+
+    ``limits`` maps a pass name to the number of rewrites it may apply (None: unlimited, only
+    counted); ``used`` counts the rewrites each pass asked for and ``spent`` describes them."""
+
+    def __init__(self, limits: dict[str, int | None]):
+        self.limits = dict(limits)
+        self.used: dict[str, int] = {}
+        self.spent: dict[str, list[str]] = {}
+
+    def take(self, pass_name: str | None, what: str) -> bool:
+        """True when ``pass_name`` may apply one more rewrite (described by ``what``)."""
+        if pass_name not in self.limits:
+            return True
+        used = self.used.get(pass_name, 0)
+        limit = self.limits[pass_name]
+        if limit is not None and used >= limit:
+            return False
+        self.used[pass_name] = used + 1
+        self.spent.setdefault(pass_name, []).append(what)
+        return True
+
+
 @attrs.define(eq=False)
 class PassContext:
     """What a graph pass may know about the graph it transforms, and where it records decisions."""
@@ -84,10 +114,27 @@ class PassContext:
     tags: set = attrs.field(factory=set)
     notes: list = attrs.field(factory=list)
     current_pass: str | None = None
+    fuel: Fuel | None = None
+    record: Any = None      # the GraphRecord of this graph: objects a pass leaves in the graph may update it at run time
 
-    def note(self, message: str) -> None:
-        """Record a decision (fusion choice, skipped rewrite...) for the compile report."""
-        self.notes.append({"pass": self.current_pass, "message": message})
+    def note(self, message: str, *, topic: str = "passes") -> None:
+        """Record a decision (fusion choice, skipped rewrite, cache hit...) for the compile report,
+        and log it on the ``pipeline.<topic>`` logger (topics: see :mod:`pipeline.logs`; the
+        report files ``fusion``, ``cache`` and ``cudagraphs`` notes in their own sections)."""
+        self.notes.append({"pass": self.current_pass, "topic": topic, "message": message})
+        logger = get_logger(topic)
+        if logger.isEnabledFor(logging.INFO):
+            logger.info("%s [%s] %s", self.graph_id, self.current_pass, message)
+
+    def use_fuel(self, what: str = "") -> bool:
+        """Ask before applying one rewrite: False means skip it (and, usually, the rest).
+
+        Always True in a normal compile; ``pipeline bisect`` limits it to find the first rewrite
+        that changes the result. ``what`` describes the rewrite (shown by bisect). A pass that
+        calls this sets ``uses_fuel = True``."""
+        if self.fuel is None:
+            return True
+        return self.fuel.take(self.current_pass, what)
 
 
 @attrs.define(eq=False)
@@ -102,5 +149,7 @@ class CaptureContext:
         self.compilation.graph_breaks.append(reason)
 
     def record_recompile(self, reason: str) -> None:
-        """Record that a guard failed and a new variant was captured."""
+        """Record that a guard failed and a new variant was captured (``reason`` names the guard)."""
         self.compilation.recompiles.append(reason)
+        get_logger("recompiles").info("recompile %d of plan '%s': %s", len(self.compilation.recompiles),
+                                      self.plan.name, reason)

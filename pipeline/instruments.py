@@ -1,5 +1,6 @@
 """Instrumentation implemented as ordinary hook implementations, registered per compile:
-pass timing, graph snapshots for ``verify: each``, and source dumps (``PIPELINE_DUMP_DIR``)."""
+pass timing, graph snapshots for ``verify: each``, source dumps (``PIPELINE_DUMP_DIR``) and the
+per-pass sources of the compile report."""
 from __future__ import annotations
 
 import copy
@@ -31,11 +32,13 @@ class PassTimer:
 
     @hookimpl
     def pipeline_before_pass(self, pass_: Any, graph: Any, context: Any) -> None:
+        """Start the clock and count the nodes the pass receives."""
         self._nodes_before = len(graph.graph.nodes)
         self._start = time.perf_counter()
 
     @hookimpl
     def pipeline_after_pass(self, pass_: Any, graph: Any, context: Any) -> None:
+        """Record the pass's time and the node counts before and after it."""
         seconds = time.perf_counter() - self._start
         self.record.passes.append({"pass": pass_.name, "seconds": seconds,
                                    "nodes_before": self._nodes_before,
@@ -50,6 +53,7 @@ class Snapshots:
 
     @hookimpl
     def pipeline_after_pass(self, pass_: Any, graph: Any, context: Any) -> None:
+        """Keep a runnable copy of the graph the pass produced."""
         self.items.append((pass_.name, copy_graph(graph)))
 
 
@@ -61,9 +65,29 @@ class SourceDump:
 
     @hookimpl
     def pipeline_after_pass(self, pass_: Any, graph: Any, context: Any) -> None:
+        """Write the graph's source after this pass to ``<dir>/<graph id>/<NN>-<pass>.py``."""
         safe_id = re.sub(r"[^A-Za-z0-9_.-]", "_", context.graph_id)
         folder = self.directory / safe_id
         folder.mkdir(parents=True, exist_ok=True)
         index = len(list(folder.glob("*.py")))
         (folder / f"{index:02d}-{pass_.name}.py").write_text(
             f"# graph {context.graph_id} after pass '{pass_.name}'\n{graph.code}")
+
+
+class GraphSources:
+    """Keeps each graph's Python source as captured and after every pass, for the compile report
+    (only registered when a report is requested: ``PIPELINE_REPORT_DIR`` or ``report=``)."""
+
+    def __init__(self, record: Any):
+        self.record = record
+
+    @hookimpl
+    def pipeline_before_pass(self, pass_: Any, graph: Any, context: Any) -> None:
+        """Keep the source as captured, before the first graph pass."""
+        if not self.record.sources:
+            self.record.sources.append({"stage": "captured", "code": graph.code})
+
+    @hookimpl
+    def pipeline_after_pass(self, pass_: Any, graph: Any, context: Any) -> None:
+        """Keep the source after this pass."""
+        self.record.sources.append({"stage": pass_.name, "code": graph.code})

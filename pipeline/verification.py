@@ -1,13 +1,10 @@
 """``verify: final|each``: on a compiled graph's first call, run the graph as captured and the
 graph after each pass on copies of the real inputs, and compare outputs and input mutations.
-A mismatch names the first pass that changed the result and writes a reproducer."""
+A mismatch names the first pass that changed the result and writes a reproducer
+(:mod:`pipeline.repro`)."""
 from __future__ import annotations
 
-import json
-import os
-import re
 import warnings
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -16,7 +13,6 @@ import torch.fx
 from . import compat
 from .errors import VerificationError
 from .numerics import compare
-from .yamlio import dump_yaml
 
 
 def clone_inputs(args: tuple | list) -> list:
@@ -57,10 +53,13 @@ def run_and_compare(reference: Callable, candidate: Callable, args: list) -> str
 
 
 class FirstCallVerifier:
-    """Callable standing in for a compiled graph: verifies on the first call, then runs directly."""
+    """Callable standing in for a compiled graph: verifies on the first call, then runs directly.
+
+    ``steps`` are ``(pass name, graph after it, position of the pass in the plan)``; ``tags`` maps
+    a position to the invariant tags the graph had before that pass (for the reproducer)."""
 
     def __init__(self, *, original: torch.fx.GraphModule, steps: list, compiled: Callable,
-                 record: Any, plugins: dict, on_error: str, plan: Any):
+                 record: Any, plugins: dict, on_error: str, plan: Any, tags: dict, target: str):
         self.original = original
         self.steps = steps
         self.compiled = compiled
@@ -68,6 +67,8 @@ class FirstCallVerifier:
         self.plugins = plugins
         self.on_error = on_error
         self.plan = plan
+        self.tags = tags
+        self.target = target
         self._run: Callable = self._verify
 
     def __call__(self, *args):
@@ -80,17 +81,25 @@ class FirstCallVerifier:
             self.record.verified = f"skipped: the graph uses random operators ({', '.join(randoms)})"
             return self.compiled(*args)
         previous = self.original
-        for pass_name, graph in self.steps:
+        for pass_name, graph, position in self.steps:
             problem = run_and_compare(self.original, graph, list(args))
             if problem:
-                return self._mismatch(pass_name, previous, problem, args)
+                return self._mismatch(pass_name, position, previous, problem, args)
             previous = graph
         self.record.verified = f"passed ({len(self.steps)} step(s) compared with the captured graph)"
         return self.compiled(*args)
 
-    def _mismatch(self, pass_name: str, before: torch.fx.GraphModule, problem: str, args: tuple):
+    def _mismatch(self, pass_name: str, position: int, before: torch.fx.GraphModule, problem: str,
+                  args: tuple):
+        from .repro import Failure, write_reproducer
         plugin = self.plugins.get(pass_name, "?")
-        repro = write_reproducer(self.record.graph_id, pass_name, before, args, self.plan)
+        repro = write_reproducer(graph_id=self.record.graph_id, position=position, plugin=plugin,
+                                 received=before, args=list(args), plan=self.plan,
+                                 failure=Failure(kind="mismatch", message=problem),
+                                 tags=self.tags[position if self.plan.verify == "each" else 1],
+                                 target=self.target, role=self.record.role,
+                                 whole_prefix=self.plan.verify != "each")
+        self.record.reproducer = repro
         if self.plan.verify == "each":
             blame = f"pass '{pass_name}' from plugin {plugin} changed the result"
         else:
@@ -107,27 +116,3 @@ class FirstCallVerifier:
             return self.original(*args)
         raise VerificationError(message, pass_name=pass_name, plugin=plugin,
                                 graph_id=self.record.graph_id, reproducer=repro)
-
-
-def write_reproducer(graph_id: str, pass_name: str, before: torch.fx.GraphModule, args: tuple,
-                     plan: Any) -> str:
-    """Write the graph the failing pass received, its inputs' metadata, and the plan prefix that
-    ends with the failing pass (a valid plan: the passes it requires come before it)."""
-    root = Path(os.environ.get("PIPELINE_REPRO_DIR", "pipeline-repro"))
-    folder = root / re.sub(r"[^A-Za-z0-9_.-]", "_", f"{graph_id}-{pass_name}")
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "graph.py").write_text(f"# graph {graph_id} as pass '{pass_name}' received it\n{before.code}")
-    inputs = [{"shape": list(a.shape), "stride": list(a.stride()), "dtype": str(a.dtype),
-               "device": str(a.device)} if isinstance(a, torch.Tensor) else {"value": repr(a)}
-              for a in args]
-    (folder / "inputs.json").write_text(json.dumps(inputs, indent=2))
-    data = plan.to_data()
-    names = [s.name for s in plan.passes]
-    last = names.index(pass_name) if pass_name in names else len(names) - 1
-    data["name"] = f"repro-{pass_name}"
-    data["description"] = (f"The plan up to and including '{pass_name}', which changed graph {graph_id}. "
-                           f"graph.py is the graph that pass received.")
-    data["passes"] = data["passes"][:last + 1]
-    data["verify"] = "each"
-    (folder / "plan.yaml").write_text(dump_yaml(data))
-    return str(folder)

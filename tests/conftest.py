@@ -2,16 +2,19 @@
 
 ``sample_plugin`` installs the third-party distribution in ``tests/plugins/pipeline_sample_plugin``
 the way a user would (pip, a wheel with an entry point), but into a temporary ``--target`` folder
-instead of the project's environment. Entry points are read from ``*.dist-info`` folders on
+instead of the project's environment; ``miscompile_plugin`` does the same for the deliberately
+broken ``tests/plugins/pipeline_miscompile_plugin``. Entry points are read from ``*.dist-info`` folders on
 ``sys.path``, so putting that folder on ``sys.path`` is all discovery needs.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import attrs
 import pytest
@@ -31,14 +34,15 @@ class InstalledPlugin:
     module: str
 
 
-@pytest.fixture(scope="session")
-def sample_plugin(tmp_path_factory: pytest.TempPathFactory):
-    """Install ``pipeline-sample-plugin`` 0.3.0 into a temporary folder, put it on ``sys.path`` and
-    reload the registry; undo all of it at the end of the session."""
-    work = tmp_path_factory.mktemp("sample-plugin")
+@contextlib.contextmanager
+def installed_plugin(folder: str | Path, work: Path, *, distribution: str, version: str,
+                     module: str) -> Iterator[InstalledPlugin]:
+    """Install the distribution in ``tests/plugins/<folder>`` (or at the path ``folder``, such as
+    ``examples/<name>``) into ``work`` with pip, put it on ``sys.path`` and reload the registry;
+    undo all of it on exit."""
     # Build from a copy: setuptools writes build/ and *.egg-info next to the sources it builds.
     source = work / "src"
-    shutil.copytree(PLUGINS_DIR / "pipeline_sample_plugin", source,
+    shutil.copytree(PLUGINS_DIR / folder, source,
                     ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     target = work / "site"
     result = subprocess.run(
@@ -46,16 +50,35 @@ def sample_plugin(tmp_path_factory: pytest.TempPathFactory):
          "-q", "--target", str(target), str(source)],
         capture_output=True, text=True)
     if result.returncode != 0:
-        pytest.fail(f"pip could not install the sample plugin:\n{result.stdout}\n{result.stderr}")
+        pytest.fail(f"pip could not install {distribution}:\n{result.stdout}\n{result.stderr}")
     sys.path.insert(0, str(target))
     importlib.invalidate_caches()
     pipeline.reload_registry()
     try:
-        yield InstalledPlugin(path=target, distribution="pipeline-sample-plugin", version="0.3.0",
-                              module="pipeline_sample_plugin")
+        yield InstalledPlugin(path=target, distribution=distribution, version=version, module=module)
     finally:
         sys.path.remove(str(target))
-        for name in [m for m in sys.modules if m.split(".")[0] == "pipeline_sample_plugin"]:
+        for name in [m for m in sys.modules if m.split(".")[0] == module]:
             del sys.modules[name]
         importlib.invalidate_caches()
         pipeline.reload_registry()
+
+
+@pytest.fixture(scope="session")
+def sample_plugin(tmp_path_factory: pytest.TempPathFactory):
+    """Install ``pipeline-sample-plugin`` 0.3.0 into a temporary folder, put it on ``sys.path`` and
+    reload the registry; undo all of it at the end of the session."""
+    with installed_plugin("pipeline_sample_plugin", tmp_path_factory.mktemp("sample-plugin"),
+                          distribution="pipeline-sample-plugin", version="0.3.0",
+                          module="pipeline_sample_plugin") as plugin:
+        yield plugin
+
+
+@pytest.fixture(scope="module")
+def miscompile_plugin(tmp_path_factory: pytest.TempPathFactory):
+    """Install ``pipeline-miscompile-plugin`` 1.0.0 (passes that break divisions on purpose) for
+    the tests of one module; uninstalled again after them."""
+    with installed_plugin("pipeline_miscompile_plugin", tmp_path_factory.mktemp("miscompile-plugin"),
+                          distribution="pipeline-miscompile-plugin", version="1.0.0",
+                          module="pipeline_miscompile_plugin") as plugin:
+        yield plugin

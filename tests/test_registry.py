@@ -100,7 +100,8 @@ def test_plugin_plan_rewrites_pow_to_mul_and_matches_eager(sample_plugin):
     assert "aten.mul" in record.final_code
     assert "aten.pow" not in record.final_code
     assert "aten.div.Tensor" in record.final_code  # division is never rewritten
-    assert {"pass": "strength-reduce", "message": "strength-reduce: rewrote 1 pow node(s)"} in record.notes
+    assert {"pass": "strength-reduce", "topic": "passes",
+            "message": "strength-reduce: rewrote 1 pow node(s)"} in record.notes
 
 
 @pytest.mark.parametrize("fn, x, rewritten", [

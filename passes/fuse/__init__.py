@@ -50,10 +50,10 @@ class Fuse(Pass):
         groups = self.form_groups(graph, context)
         kept = [g for g in groups if any(classify(n)[0] != "reshape" for n in g.nodes)]
         if not kept:
-            context.note("no fusable nodes")
+            context.note("no fusable nodes", topic="fusion")
             return graph
         context.note(f"{len(kept)} fused group(s) from "
-                     f"{sum(len(g.nodes) for g in kept)} nodes")
+                     f"{sum(len(g.nodes) for g in kept)} nodes", topic="fusion")
         return rebuild(graph, kept)
 
     def form_groups(self, graph: torch.fx.GraphModule, context: PassContext) -> list[Group]:
@@ -66,7 +66,7 @@ class Fuse(Pass):
         def note(message: str) -> None:
             nonlocal notes
             if notes < self.options.max_notes:
-                context.note(message)
+                context.note(message, topic="fusion")
             notes += 1
 
         order = {n: i for i, n in enumerate(graph.graph.nodes)}

@@ -1,0 +1,245 @@
+"""Reproducers: what ``verify: each`` leaves behind when a pass changes a result or raises, and
+how ``pipeline repro DIR`` replays it.
+
+A reproducer folder (under ``$PIPELINE_REPRO_DIR``, default ``./pipeline-repro``) holds:
+
+- ``repro.json``: the graph id, the failing pass, its plugin and position in the plan, the failure
+  (``mismatch`` with the comparison message, or ``exception`` with its type), the invariant tags
+  the graph had, and which passes the replay applies;
+- ``graph.py``: the graph the failing pass received, as Python source (for reading);
+- ``graph.json`` + ``constants.pt``: the same graph as data (operators by name, no pickled code),
+  absent when the graph calls something that cannot be named (the reason is in ``repro.json``);
+- ``inputs.json``: shape, stride, dtype and device of every input; ``inputs.pt``: their values
+  when they were real tensors (a mismatch) of at most 64 MiB in all;
+- ``plan.yaml``: the plan up to and including the failing pass (a valid plan: the passes it
+  requires come before it). Replay applies only the failing pass to the saved graph (the
+  one-pass plan), with the tags the earlier passes established; under ``verify: final`` the
+  failing pass is not known and replay applies the whole plan to the captured graph.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+import torch
+import torch.fx
+
+from . import compat
+from .errors import PassFailure, PipelineError
+from .graph_io import UnsupportedGraph, data_to_graph, graph_to_data
+from .graph_pass import PassContext
+from .instruments import copy_graph
+from .manager import BoundPass, PassManager
+from .plan import Plan, load_plan
+from .registry import get_registry
+from .verification import run_and_compare
+from .yamlio import dump_yaml
+
+REPRO_DIR_ENV = "PIPELINE_REPRO_DIR"
+MAX_SAVED_INPUT_BYTES = 64 << 20
+
+
+@attrs.frozen
+class Failure:
+    """How a pass failed: ``mismatch`` (its output differs from its input graph's) or
+    ``exception`` (it raised ``exception_type``)."""
+
+    kind: Literal["mismatch", "exception"]
+    message: str = ""
+    exception_type: str | None = None
+
+    def same_kind(self, other: "Failure | None") -> bool:
+        """True when ``other`` is the same kind of failure (same exception type for exceptions)."""
+        return other is not None and other.kind == self.kind and other.exception_type == self.exception_type
+
+    def describe(self) -> str:
+        """One line: ``mismatch: ...`` or ``exception RuntimeError: ...``."""
+        if self.kind == "exception":
+            return f"exception {self.exception_type}: {self.message}"
+        return f"mismatch: {self.message}"
+
+
+@attrs.define(eq=False)
+class Reproducer:
+    """A loaded reproducer folder, ready to replay."""
+
+    directory: Path
+    info: dict
+    graph: torch.fx.GraphModule
+    inputs: list
+    plan: Plan
+
+    @property
+    def failure(self) -> Failure:
+        """The failure recorded when the reproducer was written."""
+        return Failure(**self.info["failure"])
+
+    @property
+    def pass_name(self) -> str:
+        """The name of the pass the reproducer was written for (``pass`` in ``repro.json``)."""
+        return self.info["pass"]
+
+
+def repro_root() -> Path:
+    """Where reproducers are written: ``$PIPELINE_REPRO_DIR`` or ``./pipeline-repro``."""
+    return Path(os.environ.get(REPRO_DIR_ENV, "pipeline-repro"))
+
+
+def write_reproducer(*, graph_id: str, position: int, plugin: str, received: torch.fx.GraphModule,
+                     args: list, plan: Plan, failure: Failure, tags: list[str], target: str, role: str,
+                     whole_prefix: bool = False) -> str:
+    """Write a reproducer for the plan's pass number ``position`` (0 is capture) failing on
+    ``received`` with inputs ``args``; returns the folder (or, when the folder cannot be written,
+    a note saying why: the failure being reported matters more than its reproducer)."""
+    pass_name = plan.passes[position].name
+    folder = repro_root() / re.sub(r"[^A-Za-z0-9_.-]", "_", f"{graph_id}-{pass_name}")
+    first = 1 if whole_prefix else position
+    info = {
+        "format": 1,
+        "graph": graph_id,
+        "role": role,
+        "pass": pass_name,
+        "plugin": plugin,
+        "position": position,
+        "replay_passes": [first, position],
+        "failure": attrs.asdict(failure),
+        "tags": sorted(tags),
+        "target": target,
+        "plan": plan.name,
+        "torch": compat.TORCH_VERSION,
+    }
+    try:
+        shutil.rmtree(folder / "minimized", ignore_errors=True)   # from an earlier failure of this pass
+        write_folder(folder, info, received, args, plan=_prefix_plan(plan, position, graph_id))
+    except OSError as exc:
+        return f"(not written to {folder}: {exc})"
+    return str(folder)
+
+
+def write_folder(folder: Path, info: dict, graph: torch.fx.GraphModule, args: list, *,
+                 plan: dict) -> None:
+    """Write a reproducer's files (see the module docs) into ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in ("graph.json", "constants.pt", "inputs.pt"):
+        (folder / stale).unlink(missing_ok=True)
+    first, last = info["replay_passes"]
+    head = (f"graph {info['graph']} as pass '{info['pass']}' received it" if first == last else
+            f"graph {info['graph']} as captured (replay applies passes {first} to {last} of plan.yaml)")
+    (folder / "graph.py").write_text(f"# {head}\n{graph.code}")
+    try:
+        data, constants = graph_to_data(graph)
+    except UnsupportedGraph as exc:
+        info["graph_data"] = f"not saved: {exc}"
+    else:
+        (folder / "graph.json").write_text(json.dumps(data, indent=1))
+        torch.save(constants, folder / "constants.pt")
+        info["graph_data"] = "graph.json"
+    (folder / "inputs.json").write_text(json.dumps([_input_meta(a) for a in args], indent=2))
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    real = not any(compat.is_fake(t) for t in tensors)
+    size = sum(t.numel() * t.element_size() for t in tensors)
+    info["inputs_saved"] = bool(real and size <= MAX_SAVED_INPUT_BYTES)
+    if info["inputs_saved"]:
+        torch.save([a.detach().cpu() if isinstance(a, torch.Tensor) else a for a in args], folder / "inputs.pt")
+    (folder / "plan.yaml").write_text(dump_yaml(plan))
+    (folder / "repro.json").write_text(json.dumps(info, indent=2))
+
+
+def _prefix_plan(plan: Plan, position: int, graph_id: str) -> dict:
+    data = plan.to_data()
+    pass_name = plan.passes[position].name
+    data["name"] = f"repro-{pass_name}"
+    data["description"] = (f"The plan up to and including '{pass_name}', which failed on graph {graph_id}. "
+                           f"`pipeline repro` applies only that last pass to graph.json.")
+    data["passes"] = data["passes"][:position + 1]
+    data["verify"] = "each"
+    data["expect"] = {}
+    return data
+
+
+def _input_meta(value: Any) -> dict:
+    if isinstance(value, torch.Tensor):
+        return {"shape": [compat.size_hint(d) for d in value.shape],
+                "stride": [compat.size_hint(d) for d in value.stride()],
+                "dtype": str(value.dtype).removeprefix("torch."), "device": str(value.device)}
+    return {"value": repr(compat.size_hint(value))}
+
+
+# -- loading and replaying -------------------------------------------------------------------------
+def load_reproducer(directory: str | os.PathLike) -> Reproducer:
+    """Load a reproducer folder written by :func:`write_reproducer` (or by the minimizer)."""
+    folder = Path(directory)
+    info_path = folder / "repro.json"
+    if not info_path.is_file():
+        raise PipelineError(f"{folder} is not a reproducer folder (no repro.json)")
+    info = json.loads(info_path.read_text())
+    if not (folder / "graph.json").is_file():
+        raise PipelineError(f"{folder}: the graph could not be saved as data ({info.get('graph_data')}); "
+                            f"graph.py shows it, and plan.yaml recompiles the model up to the failing pass")
+    constants = torch.load(folder / "constants.pt", weights_only=True)
+    graph = data_to_graph(json.loads((folder / "graph.json").read_text()), constants)
+    metas = json.loads((folder / "inputs.json").read_text())
+    if info.get("inputs_saved"):
+        saved = torch.load(folder / "inputs.pt", weights_only=True)
+        inputs = [v.to(meta["device"]) if isinstance(v, torch.Tensor) else v for v, meta in zip(saved, metas)]
+    else:
+        inputs = [_make_input(meta, seed) for seed, meta in enumerate(metas)]
+    plan = load_plan(folder / "plan.yaml")
+    return Reproducer(directory=folder, info=info, graph=graph, inputs=list(inputs), plan=plan)
+
+
+def _make_input(meta: dict, seed: int) -> Any:
+    if "value" in meta:
+        return ast.literal_eval(meta["value"])
+    dtype = getattr(torch, meta["dtype"])
+    generator = torch.Generator().manual_seed(seed)
+    shape = meta["shape"]
+    if dtype.is_floating_point or dtype.is_complex:
+        values = torch.randn(shape, generator=generator).to(dtype)
+    elif dtype == torch.bool:
+        values = torch.rand(shape, generator=generator) > 0.5
+    else:
+        values = torch.randint(-8, 9, shape, generator=generator).to(dtype)
+    out = torch.empty_strided(shape, meta["stride"], dtype=dtype, device=meta["device"])
+    out.copy_(values)
+    return out
+
+
+def replay(repro: Reproducer, graph: torch.fx.GraphModule | None = None,
+           inputs: list | None = None) -> Failure | None:
+    """Apply the reproducer's pass to ``graph`` (default: the saved one) and compare the result
+    with ``graph`` on ``inputs``; the failure seen, or None when the pass now behaves."""
+    graph = repro.graph if graph is None else graph
+    inputs = repro.inputs if inputs is None else inputs
+    registry = get_registry()
+    first, last = repro.info["replay_passes"]
+    bound = []
+    for spec in repro.plan.passes[first:last + 1]:
+        entry = registry.passes[spec.name]
+        bound.append(BoundPass(entry.cls(spec.options), entry.plugin))
+    work = copy_graph(graph)
+    fakes = compat.fake_propagate(work, inputs)
+    context = PassContext(graph_id=repro.info["graph"], target=repro.info["target"], example_inputs=fakes,
+                          plan=repro.plan, role=repro.info["role"], tags=set(repro.info["tags"]))
+    manager = PassManager(bound, registry=registry, plugin_manager=registry.plugin_manager(),
+                          check_invariants=True)
+    try:
+        result = manager.run(work, context)
+    except PassFailure as exc:
+        cause = exc.__cause__
+        return Failure(kind="exception", message=str(cause or exc), exception_type=type(cause or exc).__name__)
+    try:
+        problem = run_and_compare(graph, result.forward, list(inputs))
+    except Exception as exc:  # noqa: BLE001 - the transformed graph crashing when run is its failure
+        return Failure(kind="exception", message=str(exc), exception_type=type(exc).__name__)
+    return Failure(kind="mismatch", message=problem) if problem else None
+
+
+__all__ = ["Failure", "Reproducer", "write_reproducer", "write_folder", "load_reproducer", "replay",
+           "repro_root", "REPRO_DIR_ENV"]
