@@ -38,6 +38,7 @@ def has_side_effects(node: torch.fx.Node) -> bool:
 
 
 def is_random(node: torch.fx.Node) -> bool:
+    """True for a call of a random operator (its result differs run to run: never merged or folded)."""
     return node.op == "call_function" and compat.is_nondeterministic(node.target)
 
 
