@@ -2,6 +2,12 @@
 plans, in one run. Prints a table; writes JSON (and a PNG plot when matplotlib is present).
 
     python benchmarks/gpu_suite.py --out "$OUT" [--only softmax,layernorm] [--skip-autotune]
+        [--plans default,max-autotune] [--name gpu]
+
+Per row and variant: median ms per call (CUDA events), host ms per call (CPU time of issuing the
+calls, from perf_counter around calls that are not synchronized: it measures the generated
+wrapper's per-call overhead plus launch costs), relative error against eager, cold compile
+seconds, and for memory-bound rows the percentage of the measured copy bandwidth.
 """
 from __future__ import annotations
 
@@ -92,6 +98,18 @@ def cuda_time(fn, args, *, iters: int = 50, rounds: int = 5) -> float:
     return statistics.median(results)
 
 
+def host_time(fn, args, *, iters: int = 20) -> float:
+    """Mean CPU ms to issue one call (no synchronization inside the timed loop)."""
+    fn(*args)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn(*args)
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / iters * 1e3
+
+
 def relerr(expected, actual) -> float:
     e, a = expected.double(), actual.double()
     return float((e - a).norm() / e.norm().clamp_min(1e-30))
@@ -110,7 +128,10 @@ def main() -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     parser.add_argument("--only", default="")
     parser.add_argument("--skip-autotune", action="store_true")
-    parser.add_argument("--plans", default="default")
+    parser.add_argument("--plans", default="default,max-autotune-no-cudagraphs,reduce-overhead")
+    parser.add_argument("--inductor-modes", default="default,max-autotune-no-cudagraphs,reduce-overhead",
+                        help="torch.compile modes to compare (--skip-autotune drops max-autotune ones)")
+    parser.add_argument("--name", default="gpu", help="file stem of the JSON and PNG written under --out")
     args = parser.parse_args()
     only = [w for w in args.only.split(",") if w]
     rows = []
@@ -122,11 +143,14 @@ def main() -> int:
             model, inputs = build()
             row: dict = {"workload": name}
             expected = first_tensor(model(*inputs))
-            compilers = [("inductor", lambda: torch.compile(model))]
-            if not args.skip_autotune:
-                compilers.append(("inductor-max-autotune-no-cg",
-                                  lambda: torch.compile(model, mode="max-autotune-no-cudagraphs")))
-            compilers += [(f"ours:{p}", (lambda p=p: compile_with_plan(model, p))) for p in args.plans.split(",")]
+            compilers = []
+            for mode in args.inductor_modes.split(","):
+                if args.skip_autotune and "autotune" in mode:
+                    continue
+                label = "inductor" if mode == "default" else f"inductor-{mode}"
+                compilers.append((label, lambda mode=mode: torch.compile(model, mode=mode)))
+            compilers += [(f"ours:{Path(p).stem}", (lambda p=p: compile_with_plan(model, p)))
+                          for p in args.plans.split(",") if not (args.skip_autotune and "autotune" in p)]
             for label, make in compilers:
                 try:
                     torch._dynamo.reset()
@@ -137,30 +161,36 @@ def main() -> int:
                     row[f"{label}_compile_s"] = time.perf_counter() - start
                     row[f"{label}_relerr"] = relerr(expected, got)
                     row[f"{label}_ms"] = cuda_time(fn, inputs)
+                    row[f"{label}_host_ms"] = host_time(fn, inputs)
+                    # later calls take other paths (direct kernel launches, CUDA-graph replays): check them too
+                    row[f"{label}_relerr_later_call"] = relerr(expected, first_tensor(fn(*inputs)))
                     if label.startswith("ours"):
                         comp = compilation_of(fn)
                         row[f"{label}_kernels"] = sum(r.kernels for r in comp.graphs)
                         row[f"{label}_graphs"] = comp.summary()["graph_count"]
                         row[f"{label}_notes"] = [n["message"] for r in comp.graphs for n in r.notes
-                                                 if n["pass"] == "codegen"][:5]
+                                                 if n["pass"] == "codegen"][:12]
                 except Exception as exc:  # noqa: BLE001 - a failing variant is a row entry, not a crash
                     row[f"{label}_error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
                     traceback.print_exc()
             row["eager_ms"] = cuda_time(model, inputs)
+            row["eager_host_ms"] = host_time(model, inputs)
             if floor_bytes:
                 row["floor_ms"] = floor_bytes / COPY_BANDWIDTH * 1e3
-                for key in [k for k in row if k.endswith("_ms") and k != "floor_ms"]:
+                for key in [k for k in row if k.endswith("_ms") and k != "floor_ms" and not k.endswith("host_ms")]:
                     row[key.replace("_ms", "_pct_of_copy_bw")] = 100 * row["floor_ms"] / row[key]
             rows.append(row)
             print(json.dumps(row), flush=True)
-            write_result(args.out, rows)
+            write_result(args.out, rows, args.name)
             del model, inputs
             torch.cuda.empty_cache()
-    print_table(write_result(args.out, rows))
+    result = write_result(args.out, rows, args.name)
+    print_table(result)
+    plot(result, Path(args.out) / f"{args.name}.png")
     return 0
 
 
-def write_result(out_dir: str, rows: list) -> dict:
+def write_result(out_dir: str, rows: list, name: str = "gpu") -> dict:
     """Write everything measured so far (so a run cut short still leaves its rows)."""
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -168,12 +198,44 @@ def write_result(out_dir: str, rows: list) -> dict:
               "torch": torch.__version__, "rows": rows}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu.json").write_text(json.dumps(result, indent=2))
+    (out / f"{name}.json").write_text(json.dumps(result, indent=2))
     return result
 
 
+def variants(result: dict) -> list[str]:
+    return sorted({k[:-3] for r in result["rows"] for k in r
+                   if k.endswith("_ms") and k != "floor_ms" and not k.endswith("host_ms")})
+
+
+def plot(result: dict, path: Path) -> None:
+    """Speed-up over eager per workload and variant, as grouped bars (skipped without matplotlib)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot written")
+        return
+    labels = [v for v in variants(result) if v != "eager"]
+    rows = result["rows"]
+    fig, ax = plt.subplots(figsize=(max(8, 2.2 * len(rows)), 4.5))
+    width = 0.8 / max(1, len(labels))
+    for i, label in enumerate(labels):
+        speedups = [r["eager_ms"] / r[label + "_ms"] if label + "_ms" in r else 0.0 for r in rows]
+        ax.bar([j + i * width for j in range(len(rows))], speedups, width, label=label)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([j + width * (len(labels) - 1) / 2 for j in range(len(rows))])
+    ax.set_xticklabels([r["workload"] for r in rows], rotation=15, ha="right", fontsize=8)
+    ax.set_ylabel("speed-up over eager (higher is better)")
+    ax.set_title(f"{result['device']}, torch {result['torch']}, commit {result['commit']}, {result['date'][:10]}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"plot written to {path}")
+
+
 def print_table(result: dict) -> None:
-    labels = sorted({k[:-3] for r in result["rows"] for k in r if k.endswith("_ms") and k != "floor_ms"})
+    labels = variants(result)
     print(f"\n{result['device']} torch {result['torch']} commit {result['commit']} (median ms per call)")
     print("| workload | " + " | ".join(labels) + " |")
     print("|---|" + "---|" * len(labels))

@@ -1,6 +1,9 @@
 """Profile one GPU workload under eager, Inductor and a plan: top CUDA kernels by time.
 
-    python benchmarks/profile_gpu.py gpt2 [--plan default]
+    python benchmarks/profile_gpu.py gpt2 [--plan default] [--host]
+
+``--host`` profiles the host side instead (cProfile over 20 calls, by own time): where the
+per-call CPU time of the generated wrapper goes.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ def main() -> int:
     parser.add_argument("workload")
     parser.add_argument("--plan", default="default")
     parser.add_argument("--rows", type=int, default=15)
+    parser.add_argument("--host", action="store_true")
     args = parser.parse_args()
     name, build, _ = next(w for w in workloads() if args.workload in w[0])
     torch.manual_seed(0)
@@ -31,6 +35,18 @@ def main() -> int:
             for _ in range(3):
                 fn(*inputs)
             torch.cuda.synchronize()
+            if args.host:
+                import cProfile
+                import pstats
+                profiler = cProfile.Profile()
+                profiler.enable()
+                for _ in range(20):
+                    fn(*inputs)
+                profiler.disable()
+                torch.cuda.synchronize()
+                print(f"== {name}: {label} (host, 20 calls)")
+                pstats.Stats(profiler).sort_stats("tottime").print_stats(args.rows)
+                continue
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
                 for _ in range(5):
                     fn(*inputs)

@@ -16,12 +16,13 @@ from .constant_fold import ConstantFold
 from .cse import CommonSubexpressionElimination
 from .dce import DeadCodeElimination
 from .decompose import Decompose, core_aten_check
-from .functionalize import Functionalize
+from .functionalize import Functionalize, mutated_intermediates
 from .pad_mm import PadMatmul
 from .fuse import Fuse
+from .cudagraphs import CudaGraphs
 
 BUILTIN_PASSES = [Capture, Functionalize, Decompose, DeadCodeElimination,
-                  CommonSubexpressionElimination, ConstantFold, PadMatmul, Fuse, Codegen]
+                  CommonSubexpressionElimination, ConstantFold, PadMatmul, Fuse, Codegen, CudaGraphs]
 
 
 @hookimpl
@@ -39,11 +40,9 @@ def pipeline_register_plans() -> list[str]:
 
 def functional_check(gm: torch.fx.GraphModule) -> str | None:
     """Invariant 'functional': the only in-place ops are write-backs into graph inputs."""
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and compat.is_mutating(node.target):
-            first = node.args[0] if node.args else None
-            if not (isinstance(first, torch.fx.Node) and first.op == "placeholder"):
-                return f"node {node.name} ({compat.op_name(node.target)}) mutates an intermediate value"
+    left = mutated_intermediates(gm)
+    if left:
+        return f"node {left[0].name} ({compat.op_name(left[0].target)}) mutates an intermediate value"
     return None
 
 

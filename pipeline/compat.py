@@ -29,6 +29,7 @@ def as_fake(values: list, fake_mode=None) -> list:
 
 
 def is_fake(value: Any) -> bool:
+    """True for a fake tensor (metadata only, no storage), as Dynamo and ``make_fx`` hand out."""
     from torch._subclasses.fake_tensor import FakeTensor
     return isinstance(value, FakeTensor)
 
@@ -36,21 +37,30 @@ def is_fake(value: Any) -> bool:
 def retrace(fn: Callable, example_inputs: list, *, decompositions: dict | None = None,
             functionalize: bool = False, remove: str = "mutations") -> torch.fx.GraphModule:
     """Trace ``fn`` to an ATen-level FX graph with ``make_fx`` on ``example_inputs`` (fake or real),
-    optionally through functionalization and a decomposition table."""
+    optionally through functionalization and a decomposition table.
+
+    Functionalization runs with the Python dispatcher on, as AOTAutograd runs it: then
+    ``native_batch_norm`` (whose schema hides its in-place update of the running statistics)
+    traces as ``_native_batch_norm_legit``, whose schema declares it, so the update is
+    functionalized instead of being left as a hidden mutation."""
     from torch.fx.experimental.proxy_tensor import make_fx
     target = fn
+    dispatcher = contextlib.nullcontext()
     if functionalize:
+        from torch._dispatch.python import enable_python_dispatcher
         from torch.func import functionalize as _functionalize
         target = _functionalize(fn, remove=remove)
+        dispatcher = enable_python_dispatcher()
     fake_mode = fake_mode_of(example_inputs)
     if fake_mode is None:
-        return make_fx(target, decomposition_table=decompositions or {}, tracing_mode="real")(*example_inputs)
+        with dispatcher:
+            return make_fx(target, decomposition_table=decompositions or {}, tracing_mode="real")(*example_inputs)
     # Graph constants (folded tensors, buffers kept as attributes) are real tensors; the fake mode
     # converts them on the fly while tracing.
     allowed = fake_mode.allow_non_fake_inputs
     fake_mode.allow_non_fake_inputs = True
     try:
-        with fake_mode:
+        with fake_mode, dispatcher:
             return make_fx(target, decomposition_table=decompositions or {}, tracing_mode="real")(*example_inputs)
     finally:
         fake_mode.allow_non_fake_inputs = allowed
@@ -186,11 +196,14 @@ def is_refused_recompile(exc: BaseException) -> bool:
 
 
 def backend_failure_types() -> tuple[type, ...]:
+    """Dynamo's wrapper exceptions for an error raised inside a compiler backend (ours), so
+    capture can unwrap the project's own error from them."""
     from torch._dynamo import exc
     return (exc.BackendCompilerFailed,)
 
 
 def reset_dynamo() -> None:
+    """Forget every Dynamo cache and compiled frame (tests and ``bisect`` start from scratch)."""
     torch._dynamo.reset()
 
 
@@ -267,3 +280,92 @@ def fake_copies(values: list) -> list:
     from torch._subclasses.fake_tensor import FakeTensorMode
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     return [mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for v in values]
+
+
+# -- what Dynamo knows about a captured graph (reports, explain) --------------------------------
+def capture_details(gm: torch.fx.GraphModule) -> dict | None:
+    """Why Dynamo ended this graph (reason text, whether it is a graph break, the user source
+    lines), the guards it is installing for it, and the source of each input. None when ``gm``
+    was not handed over by Dynamo (``torch.export``, tests)."""
+    reason = getattr(gm, "compile_subgraph_reason", None)
+    if reason is None:
+        return None
+    where = [{"file": frame.filename, "line": frame.lineno, "code": (frame.line or "").strip()}
+             for frame in getattr(reason, "user_stack", None) or []]
+    return {
+        "reason": str(getattr(reason, "reason", "")),
+        "graph_break": bool(getattr(reason, "graph_break", False)),
+        "where": where,
+        "guards": _current_guards(),
+        "inputs": _input_sources(gm),
+    }
+
+
+def _current_guards() -> list[dict]:
+    from torch._guards import TracingContext
+    context = TracingContext.try_get()
+    guards = getattr(getattr(context, "guards_context", None), "dynamo_guards", None)
+    if guards is None:
+        return []
+    out = []
+    for guard in guards:
+        try:
+            kind = guard.create_fn_name()
+        except Exception:  # noqa: BLE001 - a guard without a builder name is still listed
+            kind = "?"
+        out.append({"source": str(guard.name), "kind": str(kind)})
+    out.sort(key=lambda g: (g["source"], g["kind"]))
+    return out
+
+
+def _input_sources(gm: torch.fx.GraphModule) -> list[dict]:
+    out = []
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        arg = node.meta.get("grapharg")
+        source = getattr(arg, "source", None)
+        name = getattr(source, "name", None)
+        name = name() if callable(name) else name
+        value = node.meta.get("example_value")
+        entry: dict = {"source": str(name) if name is not None else node.name}
+        if isinstance(value, torch.Tensor):
+            entry["shape"] = [d if isinstance(d, int) else str(d) for d in value.shape]
+            entry["dtype"] = str(value.dtype).removeprefix("torch.")
+            entry["dynamic"] = any(not isinstance(d, int) for d in value.shape)
+        elif isinstance(value, torch.SymInt):
+            entry["symbol"] = str(value)
+        out.append(entry)
+    return out
+
+
+def fake_propagate(gm: torch.fx.GraphModule, example_inputs: list) -> list:
+    """Fill ``node.meta['val']`` of every node from fake copies of ``example_inputs`` (how a graph
+    loaded from a reproducer gets the metadata passes read); returns those fake inputs."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = [mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for v in example_inputs]
+    FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
+    return fakes
+
+
+def size_hint(value: Any) -> Any:
+    """A concrete int for a (possibly symbolic) size: the value Dynamo saw for a symbol."""
+    if isinstance(value, torch.SymInt):
+        hint = getattr(value.node, "hint", None)
+        return int(hint) if hint is not None else None
+    return value
+
+
+def cuda_launch_helpers() -> tuple[Callable, Callable]:
+    """(current CUDA device index, allocate an uninitialized CUDA tensor on the current device
+    from sizes, strides and dtype): the cheapest entry points this torch has for a generated
+    launcher's hot path (torch's private C++ fast paths when present, public calls otherwise)."""
+    get_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+    guards = getattr(torch._C, "_dynamo", None)
+    fast_empty = getattr(getattr(guards, "guards", None), "_empty_strided_cuda", None)
+    if fast_empty is None:
+        def fast_empty(size, stride, dtype):
+            return torch.empty_strided(size, stride, dtype=dtype, device="cuda")
+    return get_device, fast_empty

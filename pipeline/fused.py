@@ -83,6 +83,7 @@ class FusedGroup:
 
     @property
     def kind(self) -> str:
+        """``reduction`` when the group reduces axes of its domain, else ``pointwise``."""
         return "reduction" if self.reduced else "pointwise"
 
     def __call__(self, *args: Any) -> tuple:
@@ -97,6 +98,7 @@ class FusedGroup:
         return self.name
 
     def outer_shape(self) -> tuple:
+        """The domain without its reduced axes (the shape of a reduced value, kept axes dropped)."""
         return tuple(s for i, s in enumerate(self.domain) if i not in self.reduced)
 
 
@@ -181,6 +183,7 @@ def broadcasts_to(shape: tuple, target: tuple) -> bool:
 
 
 def numel(shape: tuple) -> Any:
+    """Number of elements of ``shape`` (1 for a scalar; symbolic when a size is)."""
     return math.prod(shape) if shape else 1
 
 
@@ -204,8 +207,18 @@ class CompiledKernel:
 
 
 def count_kernels(gm: torch.fx.GraphModule) -> int:
-    """Generated kernels called by a graph."""
-    return sum(1 for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, CompiledKernel))
+    """Generated kernels called by a graph, including those of graphs it runs through a wrapper
+    object that exposes the wrapped graph as ``wrapped_graph`` (a CUDA-graph runner)."""
+    total = 0
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if isinstance(node.target, CompiledKernel):
+            total += 1
+        inner = getattr(node.target, "wrapped_graph", None)
+        if isinstance(inner, torch.fx.GraphModule):
+            total += count_kernels(inner)
+    return total
 
 
 def value_dtype(value: Any) -> torch.dtype:

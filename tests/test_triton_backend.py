@@ -166,6 +166,53 @@ def test_reductions_over_other_axes_match_eager(fn):
     assert record.kernels >= 1 and not kernels_of(LAST["graph"])[1]
 
 
+@pytest.mark.parametrize("name", ["softmax", "layer_norm", "pointwise_chain_broadcast_permuted", "argmax"])
+def test_every_autotune_candidate_matches_eager(name):
+    """Autotuning picks among these launch shapes by speed alone, so each must be correct."""
+    from passes.codegen.triton_runtime import TritonKernel, load_module, write_source
+    from passes.codegen.triton_source import candidate_blocks, kernel_source
+    from pipeline.loops import analyze
+    fn, make = CASES[name]
+    args = make()
+    run_plan(fn, *args)
+    (kernel,), _ = kernels_of(LAST["graph"])
+    nest = analyze(kernel.group)
+    candidates = candidate_blocks(nest)
+    assert len(candidates) > 1 and candidates[0] == kernel_source_blocks(kernel)
+    placeholders = [n for n in kernel.group.subgraph.graph.nodes if n.op == "placeholder"]
+    expected = kernel.group(*group_inputs(kernel, args))
+    for blocks in candidates:
+        generated = kernel_source(nest, "triton_candidate", blocks=blocks)
+        path, _ = write_source(generated.source)
+        candidate = TritonKernel(kernel.group, generated, load_module(path), path,
+                                 [p.meta["val"] for p in placeholders], [n.meta["val"] for n, _ in nest.outputs])
+        GENERATED.setdefault(str(path), candidate)
+        got = candidate(*group_inputs(kernel, args))
+        for e, g in zip(expected, got):
+            assert compare(e, g) is None, (blocks, compare(e, g))
+
+
+def kernel_source_blocks(kernel):
+    from passes.codegen.triton_source import Blocks
+    g = kernel.generated
+    consts = g.constexprs
+    return Blocks(g.persistent, consts.get("XBLOCK", consts.get("BLOCK")), consts.get("RBLOCK", 1), g.grid[0],
+                  g.num_warps)
+
+
+def group_inputs(kernel, args):
+    """The group's own inputs for the function's arguments (the fused group is the whole graph
+    for these cases, so its inputs are the arguments minus unused ones, in order)."""
+    placeholders = [n for n in kernel.group.subgraph.graph.nodes if n.op == "placeholder"]
+    shapes = [tuple(p.meta["val"].shape) for p in placeholders]
+    picked, pool = [], list(args)
+    for shape in shapes:
+        match = next(a for a in pool if tuple(a.shape) == shape)
+        pool.remove(match)
+        picked.append(match)
+    return picked
+
+
 def test_fp16_layer_norm_matches_eager():
     record = run_plan(layer_norm, torch.randn(8, 40, dtype=torch.float16), torch.randn(40, dtype=torch.float16),
                       torch.randn(40, dtype=torch.float16))

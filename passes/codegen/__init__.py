@@ -17,6 +17,7 @@ the report.
 from __future__ import annotations
 
 import ctypes
+import operator
 from typing import Literal
 
 import attrs
@@ -29,6 +30,7 @@ from pipeline.loops import UnsupportedGroup, analyze
 
 from .cpp_build import build
 from .cpp_source import kernel_source, module_source
+from .host import fold_views, lower_linear, to_host_module
 
 
 @attrs.frozen
@@ -38,6 +40,18 @@ class CodegenOptions:
                "tensors only under TRITON_INTERPRET=1); auto: cpp for CPU targets, triton for CUDA targets.")
     emulate_precision_casts: bool = option(
         True, "Round fp16/bf16 intermediates after every op, as eager does (off: keep fp32 between ops).")
+    autotune: bool = option(
+        False, "triton: time candidate launch shapes (block sizes, rows per program, warps) of every CUDA "
+               "kernel once and keep the fastest; the choice is cached on disk beside the kernels.")
+    fold_views: bool = option(
+        True, "Replace each chain of view operators on a computed tensor (view, permute, split...) by one "
+              "as_strided call with the chain's layout (static shapes only).")
+    lower_linear: bool = option(
+        True, "Call aten.linear for addmm/mm of a transposed 2-D weight (the same ATen kernel, one call "
+              "instead of two).")
+    host_code: bool = option(
+        True, "Run the graph through our generated host source, which calls ATen entry points and kernel "
+              "launchers directly (off: FX's generated code).")
 
 
 class CppKernel(CompiledKernel):
@@ -49,16 +63,19 @@ class CppKernel(CompiledKernel):
     def __init__(self, group: FusedGroup, source: str, function, inputs: list, outputs: list):
         super().__init__(group, source)
         self.function = function
-        self.in_strides = [tuple(v.stride()) for v in inputs]
+        self.in_strides = tuple(tuple(v.stride()) for v in inputs)
         self.outputs = [(tuple(v.shape), tuple(v.stride()), v.dtype) for v in outputs]
 
     def __call__(self, *inputs: torch.Tensor) -> tuple:
-        for tensor, strides in zip(inputs, self.in_strides):
-            if tensor.stride() != strides or tensor.device.type != "cpu":
-                return self.group(*inputs)
+        if tuple(map(_stride, inputs)) != self.in_strides or not all(map(_is_cpu, inputs)):
+            return self.group(*inputs)
         outs = tuple(torch.empty_strided(shape, stride, dtype=dtype) for shape, stride, dtype in self.outputs)
         self.function(*[t.data_ptr() for t in inputs], *[o.data_ptr() for o in outs])
         return outs
+
+
+_stride = torch.Tensor.stride
+_is_cpu = operator.attrgetter("is_cpu")
 
 
 class Codegen(Pass):
@@ -76,7 +93,28 @@ class Codegen(Pass):
             backend = "triton" if context.target == "cuda" else "cpp"
         if backend == "triton":
             from .triton_runtime import generate   # imports triton lazily
-            return generate(graph, context, emulate_precision=self.options.emulate_precision_casts)
+            graph = generate(graph, context, emulate_precision=self.options.emulate_precision_casts,
+                             autotune=self.options.autotune)
+        else:
+            graph = self.generate_cpp(graph, context)
+        return self.host(graph, context)
+
+    def host(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
+        """The host-side rewrites and generated host source (see host.py)."""
+        if self.options.fold_views:
+            folded = fold_views(graph)
+            if folded:
+                context.note(f"host: {folded} view chain(s) folded into as_strided calls")
+        if self.options.lower_linear:
+            lowered = lower_linear(graph)
+            if lowered:
+                context.note(f"host: {lowered} addmm/mm of a transposed weight call aten.linear")
+        if self.options.host_code:
+            graph = to_host_module(graph)
+        return graph
+
+    def generate_cpp(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
+        """The ``cpp`` backend: one shared library with a function per fused group."""
         planned = []
         for node in graph.graph.nodes:
             if node.op != "call_function" or not isinstance(node.target, FusedGroup):

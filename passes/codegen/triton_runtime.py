@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from pipeline import compat
 from pipeline.errors import PipelineError
 from pipeline.fused import CompiledKernel, FusedGroup, meta_of
 from pipeline.loops import UnsupportedGroup, analyze
@@ -106,7 +107,13 @@ def load_module(path: Path, *, interpret: bool | None = None) -> ModuleType:
 class TritonKernel(CompiledKernel):
     """A generated Triton kernel: allocates the outputs with the strides eager would give them on
     the inputs' device and launches the jitted function on its precomputed grid. Inputs with
-    unexpected strides or on another kind of device run the group eagerly."""
+    unexpected strides or on another kind of device run the group eagerly.
+
+    The first launch goes through Triton's ``JITFunction`` (which compiles, or finds the binary in
+    Triton's cache); later launches on the same device call the compiled kernel's launcher
+    directly, skipping the argument binding and cache lookup Triton repeats on every
+    ``kernel[grid](...)`` call (≈ 10 µs of host time per launch). Triton's launch hooks
+    (``knobs.runtime.launch_enter_hook``, used by profilers) are called as Triton calls them."""
 
     backend = "triton"
 
@@ -120,29 +127,87 @@ class TritonKernel(CompiledKernel):
         self.launch = self.function[generated.grid]
         self.kwargs = dict(generated.constexprs, num_warps=generated.num_warps)
         self.empty = generated.grid[0] == 0 or not outputs    # nothing to compute or nothing to store
-        self.in_strides = [tuple(v.stride()) for v in inputs]
+        self.in_strides = tuple(tuple(v.stride()) for v in inputs)
         self.device = (inputs or outputs)[0].device
         self.outputs = [(tuple(v.shape), tuple(v.stride()), v.dtype) for v in outputs]
+        self._fast: tuple | None = None     # what a direct launch on one device needs, see below
 
     def __call__(self, *inputs: torch.Tensor) -> tuple:
+        fast = self._fast
+        if fast is not None and inputs and tuple(map(_stride, inputs)) == self.in_strides \
+                and inputs[0].get_device() == fast[0] == fast[1]() and _aligned(inputs, fast[12]):
+            _, current, empty, compiled, run, function, metadata, stream, grid, tail, enter, leave, _ = fast
+            outs = tuple([empty(shape, stride, dtype) for shape, stride, dtype in self.outputs])
+            raw_stream = stream(fast[0])
+            if enter.calls or leave.calls:      # launch hooks (profilers): give them what Triton gives
+                run(*grid, raw_stream, function, metadata,
+                    compiled.launch_metadata(grid, raw_stream, *inputs, *outs, *tail), enter, leave,
+                    *inputs, *outs, *tail)
+            else:
+                run(*grid, raw_stream, function, metadata, None, None, None, *inputs, *outs, *tail)
+            return outs
+        return self._call(inputs)
+
+    def _call(self, inputs: tuple) -> tuple:
+        """First launches, other devices, unexpected strides (eager), CPU tensors (interpreter)."""
         for tensor, strides in zip(inputs, self.in_strides):
             if tensor.stride() != strides or tensor.device.type != self.device.type:
                 return self.group(*inputs)
         device = inputs[0].device if inputs else self.device
         outs = tuple(torch.empty_strided(shape, stride, dtype=dtype, device=device)
                      for shape, stride, dtype in self.outputs)
-        if not self.empty:
-            if device.type == "cuda" and device.index != torch.cuda.current_device():
-                with torch.cuda.device(device):
-                    self.launch(*inputs, *outs, **self.kwargs)
-            else:
-                self.launch(*inputs, *outs, **self.kwargs)
+        if self.empty:
+            return outs
+        if device.type != "cuda":
+            self.launch(*inputs, *outs, **self.kwargs)
+            return outs
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        with torch.cuda.device(index):
+            compiled = self.launch(*inputs, *outs, **self.kwargs)
+        if inputs:
+            self._prepare_fast_launch(index, compiled, inputs)
         return outs
 
+    def _prepare_fast_launch(self, index: int, compiled: Any, inputs: tuple) -> None:
+        """Remember the compiled kernel's launcher for launches on device ``index``."""
+        from triton import knobs
+        from triton.runtime.driver import driver
+        if hasattr(compiled, "result"):
+            compiled = compiled.result()
+        enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+        if compiled is None or not (hasattr(enter, "calls") and hasattr(leave, "calls")):
+            return                  # a Triton without hook chains: keep its own launch path
+        names = list(self.function.arg_names)
+        positional = len(self.in_strides) + len(self.outputs)
+        defaults = {p.name: p.default for p in self.function.params}
+        tail = tuple(self.kwargs.get(name, defaults.get(name)) for name in names[positional:])
+        grid = tuple(self.generated.grid) + (1,) * (3 - len(self.generated.grid))
+        compiled._init_handles()
+        current, empty = compat.cuda_launch_helpers()
+        # Triton specialized the binary on which pointers were 16-byte aligned at this launch: later
+        # launches take the direct path only while those inputs still are (else Triton's own path
+        # compiles the variant they need).
+        aligned = tuple(i for i, t in enumerate(inputs) if t.data_ptr() % 16 == 0)
+        self._fast = (index, current, empty, compiled, compiled.run, compiled.function, compiled.packed_metadata,
+                      driver.active.get_current_stream, grid, tail, enter, leave, aligned)
 
-def generate(graph: torch.fx.GraphModule, context: Any, *, emulate_precision: bool) -> torch.fx.GraphModule:
+
+_stride = torch.Tensor.stride
+
+
+def _aligned(inputs: tuple, indices: tuple) -> bool:
+    """The inputs at ``indices`` start on 16-byte boundaries."""
+    bits = 0
+    for i in indices:
+        bits |= inputs[i].data_ptr()
+    return not bits & 15
+
+
+def generate(graph: torch.fx.GraphModule, context: Any, *, emulate_precision: bool,
+             autotune: bool = False) -> torch.fx.GraphModule:
     """The ``codegen`` pass with ``backend: triton``: a TritonKernel for every fused group it can
-    generate; the others keep running eagerly, with the reason in the report."""
+    generate; the others keep running eagerly, with the reason in the report. With ``autotune``
+    each CUDA kernel's launch shape is chosen by timing candidates (triton_autotune.py)."""
     interpret = interpreting()
     blocked = triton_missing()
     if blocked is None and interpret:
@@ -170,6 +235,18 @@ def generate(graph: torch.fx.GraphModule, context: Any, *, emulate_precision: bo
         except (UnsupportedGroup, NotImplementedError) as exc:
             context.note(f"{group.name}: runs eagerly: {exc}")
             continue
+        if autotune and device.type == "cuda" and not interpret:
+            from .triton_autotune import tune
+
+            def jitted(source: TritonSource):
+                return load_module(write_source(source.source, directory, persistent=persistent)[0],
+                                   interpret=False).KERNEL
+
+            generated, message = tune(nest, f"triton_{group.name}", emulate_precision=emulate_precision,
+                                      inputs=[meta_of(p) for p in placeholders],
+                                      outputs=[meta_of(n) for n, _ in nest.outputs], device=device,
+                                      folder=kernel_dir(directory, persistent=persistent), load=jitted)
+            context.note(message)
         path, hit = write_source(generated.source, directory, persistent=persistent)
         module = load_module(path, interpret=interpret)
         node.target = TritonKernel(group, generated, module, path, [meta_of(p) for p in placeholders],

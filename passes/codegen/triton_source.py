@@ -128,7 +128,7 @@ class TritonSource:
 class TritonWriter:
     """Writes the ``@triton.jit`` function of one loop nest."""
 
-    def __init__(self, nest: LoopNest, name: str, *, emulate_precision: bool):
+    def __init__(self, nest: LoopNest, name: str, *, emulate_precision: bool, blocks: Blocks | None = None):
         self.nest = nest
         self.name = name
         self.emulate = emulate_precision
@@ -140,7 +140,7 @@ class TritonWriter:
         self.loads: list[dict] = [{}]  # scopes: (placeholder, offset) -> (variable, dims)
         self.need: set = set()       # loop axes whose index variable the current scope uses
         self.uses: set = set()       # helper functions used
-        self.blocks = choose_blocks(nest)
+        self.blocks = blocks or choose_blocks(nest)
         self.reduction = nest_is_reduction(nest)
         self.counter = 0
         self.int64 = self._needs_int64()
@@ -250,8 +250,8 @@ class TritonWriter:
     def compute(self, depth: int, node: torch.fx.Node, level: str) -> None:
         dims: set = set()
         expr = pointwise_expr(node, self.operand(depth, node, level, dims), self.uses)
-        if self.emulate:
-            expr = round_to(meta_of(node).dtype, expr)
+        if self.emulate and not expr.endswith(round_to(meta_of(node).dtype, "")):
+            expr = round_to(meta_of(node).dtype, expr)      # (a conversion op already rounded it)
         var = f"v_{node.name}"
         self.emit(depth, f"{var} = {expr}")
         self.var[node], self.dims[node] = var, frozenset(dims)
@@ -434,6 +434,43 @@ def closure(roots: list, full_nodes: list) -> list:
     return [n for n in full_nodes if n in needed]
 
 
-def kernel_source(nest: LoopNest, name: str, *, emulate_precision: bool = True) -> TritonSource:
-    """The Triton module (one jitted kernel) for one loop nest."""
-    return TritonWriter(nest, name, emulate_precision=emulate_precision).write()
+def kernel_source(nest: LoopNest, name: str, *, emulate_precision: bool = True,
+                  blocks: Blocks | None = None) -> TritonSource:
+    """The Triton module (one jitted kernel) for one loop nest, with the heuristic's launch shape
+    (:func:`choose_blocks`) unless ``blocks`` names another (see :func:`candidate_blocks`)."""
+    return TritonWriter(nest, name, emulate_precision=emulate_precision, blocks=blocks).write()
+
+
+def candidate_blocks(nest: LoopNest) -> list[Blocks]:
+    """Launch shapes autotuning tries for one nest, the heuristic's first (at most ten, since each
+    costs a Triton compile). Pointwise: blocks of 1024 to 8192 elements with 4 or 8 warps.
+    Persistent reductions: 1, 2 or 4 rows per program (tiles up to 16384 elements) with 4, 8 or 16
+    warps. Looped reductions: chunks of 2048 to 8192 elements per row with 8 or 16 warps."""
+    base = choose_blocks(nest)
+    found = [base]
+
+    def add(blocks: Blocks) -> None:
+        if blocks not in found:
+            found.append(blocks)
+
+    sizes = nest.sizes
+    if not nest_is_reduction(nest):
+        total = math.prod(sizes)
+        for block in (1024, 2048, 4096, 8192):
+            if block <= max(16, next_pow2(total)):
+                for warps in (4, 8):
+                    add(Blocks(False, block, 1, -(-total // block), warps))
+        return found
+    outer = math.prod(sizes[a] for a in nest.outer_axes)
+    if base.persistent:
+        rp = base.rblock
+        for xblock in (1, 2, 4):
+            if xblock <= next_pow2(outer) and xblock * rp <= 16384:
+                for warps in (4, 8, 16):
+                    if xblock * rp >= 32 * warps:
+                        add(Blocks(True, xblock, rp, -(-outer // xblock), warps))
+    elif base.xblock == 1:
+        for rblock in (2048, 4096, 8192):
+            for warps in (8, 16):
+                add(Blocks(False, 1, rblock, outer, warps))
+    return found

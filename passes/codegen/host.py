@@ -1,0 +1,314 @@
+"""The host side of generated code: the straight-line Python that allocates, launches kernels and
+calls extern ATen operators, and the graph rewrites that make it cheap per call.
+
+Per-call host overhead decides small-batch and GPU-bound speed: a transformer layer's graph calls
+a dozen view operators and a few matmuls around its kernels, and each Python-level call costs
+microseconds. Three steps cut it, each visible in the generated code:
+
+- :func:`fold_views`: a chain of view operators (view, permute, split + getitem, transpose...)
+  whose base is a freshly computed tensor becomes one ``aten.as_strided`` with the layout the
+  chain produces (static shapes only; the layout comes from the example values). Views of graph
+  inputs are left alone: their storage offset is only known at run time.
+- :func:`lower_linear`: ``addmm(b, x, permute(w, [1, 0]))`` becomes ``aten.linear(x, w, b)``,
+  which ATen runs as that very addmm (same kernel, same numerics) in one call instead of two.
+- :class:`HostGraphModule`: the graph's ``forward`` is our own generated source, calling each
+  ATen operator's C++ entry point directly (no ``OpOverload.__call__`` frame, no attribute chain
+  ``torch.ops.aten.x.y`` per call; the common extern operators through torch's unboxed Python
+  bindings, :data:`FAST_BINDINGS`) and each kernel's launch method.
+
+The graph stays an ordinary FX graph of executable nodes: ``as_strided`` and ``linear`` are ATen
+operators, so verification and printing work as after any other pass.
+"""
+from __future__ import annotations
+
+import keyword
+import math
+import operator
+import re
+from typing import Any
+
+import torch
+import torch.fx
+
+from pipeline.fused import CompiledKernel, meta_of
+
+aten = torch.ops.aten
+
+
+# -- view folding --------------------------------------------------------------------------------
+def _is_view_op(target: Any) -> bool:
+    """An ATen operator whose result aliases its first argument without writing to it."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    returns = target._schema.returns
+    if len(returns) != 1 or returns[0].alias_info is None or returns[0].alias_info.is_write:
+        return False
+    arguments = target._schema.arguments
+    return bool(arguments) and arguments[0].alias_info is not None
+
+
+def _static_layout(value: Any) -> tuple | None:
+    """(sizes, strides, storage offset, dtype) of a tensor example value with static shape."""
+    if not isinstance(value, torch.Tensor) or value.is_conj() or value.is_neg():
+        return None                     # as_strided would drop a lazy conjugate or negation bit
+    try:
+        layout = (tuple(value.shape), tuple(value.stride()), value.storage_offset())
+    except RuntimeError:        # sparse and other layouts without strides
+        return None
+    if not all(type(v) is int for v in (*layout[0], *layout[1], layout[2])):
+        return None
+    return (*layout, value.dtype)
+
+
+def _fresh(node: torch.fx.Node) -> bool:
+    """The node's value is a tensor computed by the graph (not a graph input or a view of one),
+    so its run-time layout is the one recorded in its example value."""
+    if node.op != "call_function":
+        return False
+    if node.target is operator.getitem:
+        source = node.args[0]
+        return isinstance(source, torch.fx.Node) and source.op == "call_function" \
+            and not _is_list_view(source) and not _is_view_op(source.target)
+    if isinstance(node.target, torch._ops.OpOverload):
+        return all(r.alias_info is None for r in node.target._schema.returns)
+    return isinstance(node.target, CompiledKernel)
+
+
+def _is_list_view(node: torch.fx.Node) -> bool:
+    """split/unbind/chunk-like operators returning a list of views of their first argument."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    returns = node.target._schema.returns
+    return len(returns) == 1 and returns[0].alias_info is not None and not returns[0].alias_info.is_write \
+        and str(returns[0].type).startswith("List")
+
+
+def _view_source(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The tensor a view node aliases (for ``getitem`` of a split, the split's input)."""
+    if node.op != "call_function":
+        return None
+    if _is_view_op(node.target):
+        source = node.args[0]
+    elif node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node) and _is_list_view(node.args[0]):
+        source = node.args[0].args[0]
+    else:
+        return None
+    return source if isinstance(source, torch.fx.Node) else None
+
+
+def fold_views(gm: torch.fx.GraphModule) -> int:
+    """Replace every view chain rooted in a computed tensor by one ``as_strided`` of that tensor;
+    returns how many view nodes were replaced (the intermediate ones die)."""
+    graph = gm.graph
+    base: dict[torch.fx.Node, torch.fx.Node] = {}
+    folded = 0
+    for node in list(graph.nodes):
+        source = _view_source(node)
+        if source is None:
+            continue
+        root = base.get(source, source)
+        if not _fresh(root):
+            continue
+        layout, root_layout = _static_layout(meta_of(node)), _static_layout(meta_of(root))
+        if layout is None or root_layout is None or layout[3] != root_layout[3]:
+            continue
+        base[node] = root
+        if all(_view_source(user) is not None for user in node.users):
+            continue                       # only an intermediate step of a longer chain
+        if node.target is aten.as_strided.default and node.args[0] is root:
+            continue
+        with graph.inserting_before(node):
+            replacement = graph.call_function(aten.as_strided.default, (root, list(layout[0]), list(layout[1]), layout[2]))
+        replacement.meta = dict(node.meta)
+        node.replace_all_uses_with(replacement)
+        base[replacement] = root
+        folded += 1
+    graph.eliminate_dead_code()
+    gm.recompile()
+    return folded
+
+
+# -- linear --------------------------------------------------------------------------------------
+def _transposed_weight(node: Any) -> torch.fx.Node | None:
+    """``w`` when ``node`` is ``permute(w, [1, 0])`` or ``t(w)`` of a 2-D ``w``."""
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function":
+        return None
+    if node.target is aten.t.default or (node.target is aten.permute.default and list(node.args[1]) == [1, 0]):
+        weight = node.args[0]
+        value = meta_of(weight)
+        if isinstance(weight, torch.fx.Node) and isinstance(value, torch.Tensor) and value.dim() == 2:
+            return weight
+    return None
+
+
+def lower_linear(gm: torch.fx.GraphModule) -> int:
+    """``addmm(b, x, w.T)`` and ``mm(x, w.T)`` with default scalars become ``linear(x, w[, b])``
+    (ATen computes linear of 2-D operands with exactly that addmm/mm); returns the count."""
+    graph = gm.graph
+    lowered = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.kwargs:
+            continue
+        if node.target is aten.addmm.default and len(node.args) == 3:
+            bias, x, transposed = node.args
+        elif node.target is aten.mm.default and len(node.args) == 2:
+            bias, (x, transposed) = None, node.args
+        else:
+            continue
+        weight = _transposed_weight(transposed)
+        x_value = meta_of(x)
+        if weight is None or not isinstance(x_value, torch.Tensor) or x_value.dim() != 2:
+            continue
+        if bias is not None and (not isinstance(meta_of(bias), torch.Tensor) or meta_of(bias).dim() != 1):
+            continue
+        with graph.inserting_before(node):
+            replacement = graph.call_function(aten.linear.default, (x, weight) + ((bias,) if bias is not None else ()))
+        replacement.meta = dict(node.meta)
+        node.replace_all_uses_with(replacement)
+        lowered += 1
+    graph.eliminate_dead_code()
+    gm.recompile()
+    return lowered
+
+
+# -- generated host source -----------------------------------------------------------------------
+_LITERALS = (bool, int, str, type(None))
+
+# Extern operators called through torch's generated Python bindings (C++ argument parsing, unboxed
+# call: 1-3 µs less per call than the boxed ``OpOverload`` entry point). Each binding takes the
+# overload's arguments in the same order and names and dispatches to that very overload.
+FAST_BINDINGS = {
+    aten.addmm.default: torch.addmm,
+    aten.mm.default: torch.mm,
+    aten.bmm.default: torch.bmm,
+    aten.baddbmm.default: torch.baddbmm,
+    aten.linear.default: torch._C._nn.linear,
+    aten.as_strided.default: torch.as_strided,
+    aten.view.default: torch.Tensor.view,
+    aten.permute.default: torch.permute,
+    aten.embedding.default: torch.embedding,
+    aten.cat.default: torch.cat,
+}
+
+
+class _Emitter:
+    """Writes one graph as a Python function, binding every callable and non-literal constant as a
+    global of the generated module."""
+
+    def __init__(self, locals_: set[str]) -> None:
+        self.globals: dict[str, Any] = {}
+        self._ids: dict[int, str] = {}
+        self._taken = set(locals_) | {"self"}
+
+    def bind(self, value: Any, hint: str) -> str:
+        if id(value) in self._ids:
+            return self._ids[id(value)]
+        name = re.sub(r"\W", "_", hint).strip("_") or "g"
+        if keyword.iskeyword(name) or name[0].isdigit():
+            name = "g_" + name
+        stem, index = name, 1
+        while name in self._taken:
+            index += 1
+            name = f"{stem}_{index}"
+        self._taken.add(name)
+        self.globals[name] = value
+        self._ids[id(value)] = name
+        return name
+
+    def arg(self, value: Any) -> str:
+        if isinstance(value, torch.fx.Node):
+            return value.name
+        if isinstance(value, _LITERALS):
+            return repr(value)
+        if isinstance(value, float):
+            return repr(value) if math.isfinite(value) else self.bind(value, "float_" + repr(value).strip("-"))
+        if isinstance(value, (list, tuple)):
+            inner = ", ".join(self.arg(v) for v in value)
+            if isinstance(value, tuple):
+                return f"({inner},)" if len(value) == 1 else f"({inner})"
+            return f"[{inner}]"
+        if isinstance(value, dict):
+            return "{" + ", ".join(f"{self.arg(k)}: {self.arg(v)}" for k, v in value.items()) + "}"
+        return self.bind(value, str(value).replace("torch.", ""))
+
+    def call(self, function: str, args: tuple, kwargs: dict) -> str:
+        parts = [self.arg(a) for a in args] + [f"{k}={self.arg(v)}" for k, v in kwargs.items()]
+        return f"{function}({', '.join(parts)})"
+
+    def callee(self, target: Any) -> str:
+        if isinstance(target, torch._ops.OpOverload) and target in FAST_BINDINGS:
+            return self.bind(FAST_BINDINGS[target], f"{target.namespace}_{target._schema.name.split('::')[-1]}")
+        if isinstance(target, torch._ops.OpOverload):
+            return self.bind(target._op, f"{target.namespace}_{target._schema.name.split('::')[-1]}_{target._overloadname}")
+        if isinstance(target, CompiledKernel):
+            return self.bind(target.__call__, target.__name__)
+        return self.bind(target, getattr(target, "__name__", type(target).__name__))
+
+
+def supports(graph: torch.fx.Graph) -> bool:
+    """Whether :func:`host_source` can write this graph (plain positional placeholders, no pytree
+    input/output handling)."""
+    if type(graph._codegen) is not torch.fx.graph.CodeGen:
+        return False
+    return all(not str(n.target).startswith("*") and not n.args for n in graph.nodes if n.op == "placeholder")
+
+
+def host_source(graph: torch.fx.Graph) -> tuple[str, dict[str, Any]]:
+    """The generated ``forward`` of ``graph`` and the globals it runs with. Values are dropped
+    after their last use, as FX's own code does."""
+    nodes = list(graph.nodes)
+    emitter = _Emitter({n.name for n in nodes})
+    last_use: dict[torch.fx.Node, torch.fx.Node] = {}
+    for node in nodes:
+        for used in node.all_input_nodes:
+            last_use[used] = node
+    dies_at: dict[torch.fx.Node, list[str]] = {}
+    for value, user in last_use.items():
+        dies_at.setdefault(user, []).append(value.name)
+    params = [n.name for n in nodes if n.op == "placeholder"]
+    lines = [f"def forward(self, {', '.join(params)}):" if params else "def forward(self):"]
+    for node in nodes:
+        if node.op == "placeholder":
+            continue
+        if node.op == "output":
+            lines.append(f"    return {emitter.arg(node.args[0])}")
+            break
+        if node.op == "get_attr":
+            expr = "self." + ".".join(node.target.split("."))
+        elif node.op == "call_module":
+            expr = emitter.call("self." + node.target, node.args, node.kwargs)
+        elif node.op == "call_method":
+            expr = emitter.call(f"{emitter.arg(node.args[0])}.{node.target}", node.args[1:], node.kwargs)
+        elif node.target is operator.getitem and not node.kwargs:
+            expr = f"{emitter.arg(node.args[0])}[{emitter.arg(node.args[1])}]"
+        else:
+            expr = emitter.call(emitter.callee(node.target), node.args, node.kwargs)
+        line = f"    {node.name} = {expr}" if node.users else f"    {expr}"
+        if node in dies_at:
+            line += f"; del {', '.join(dies_at[node])}"
+        lines.append(line)
+    return "\n".join(lines) + "\n", emitter.globals
+
+
+class HostGraphModule(torch.fx.GraphModule):
+    """A GraphModule whose ``forward`` is :func:`host_source`'s code (regenerated by every
+    ``recompile()``, so later passes may still edit the graph). ``code`` shows that source."""
+
+    def recompile(self):
+        result = super().recompile()
+        if supports(self.graph):
+            source, namespace = host_source(self.graph)
+            namespace = dict(namespace, __builtins__=__builtins__)
+            exec(compile(source, f"<host {id(self):x}>", "exec"), namespace)    # noqa: S102 - our own generated source
+            self._code = source
+            type(self).forward = namespace["forward"]
+        return result
+
+
+def to_host_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``gm`` as a :class:`HostGraphModule` (same graph and attributes), when its graph is plain."""
+    if isinstance(gm, HostGraphModule) or not supports(gm.graph):
+        return gm
+    host = HostGraphModule(gm, gm.graph)
+    host.meta = dict(getattr(gm, "meta", {}))
+    return host

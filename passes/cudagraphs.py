@@ -1,0 +1,243 @@
+"""``cudagraphs``: run a whole compiled graph as one CUDA-graph replay.
+
+The graph becomes one node calling a :class:`CudaGraphRunner`. On the first call the runner runs
+the graph eagerly (its result is that call's result; lazy initialisation such as cuBLAS
+workspaces happens here, outside any graph), then records it into a ``torch.cuda.CUDAGraph``
+drawing on one memory pool shared by every graph of the process (per device). Later calls
+replay it: one launch for the whole graph, instead of one per kernel and extern call.
+
+Inputs:
+- parameters and buffers (the tensors Dynamo marks as static inputs) are used in place: the
+  graph reads and writes their memory directly, nothing is copied; if one is replaced by a tensor
+  at another address, the graph is recorded again (noted in the report);
+- every other input is copied into a static buffer the graph reads (skipped when the caller
+  passes that buffer itself), and an input the graph writes to is copied back after the replay.
+
+Outputs are cloned by default. With ``clone_outputs: false`` the caller receives the graph's own
+output buffers, which the next call of the same graph overwrites (the report says so).
+
+A graph is not recorded, with the reason in the report (``cudagraphs`` topic), when an input or an
+operation is on the CPU, when shapes are dynamic, when it is a training graph, or when recording
+fails; ``required: true`` turns each of these into an error.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import attrs
+import torch
+import torch.fx
+
+from pipeline import Pass, PassContext, option, positive
+from pipeline.errors import PipelineError
+from pipeline.fused import meta_of
+
+aten = torch.ops.aten
+
+# Operations that synchronize with the host or have data-dependent output shapes: not recordable.
+UNRECORDABLE = {"aten._local_scalar_dense", "aten.item", "aten.nonzero", "aten.masked_select",
+                "aten.unique", "aten._unique2", "aten.repeat_interleave"}
+
+
+class CudaGraphsError(PipelineError):
+    """A graph could not run under CUDA graphs and the plan says ``cudagraphs: {required: true}``."""
+
+
+@attrs.frozen
+class CudaGraphsOptions:
+    clone_outputs: bool = option(
+        True, "Return copies of the graph's outputs. Off: return the recorded output buffers themselves, "
+              "which the next call of the same graph overwrites (no copy per call).")
+    required: bool = option(
+        False, "A graph that cannot be recorded is an error (naming the reason) instead of running "
+               "without CUDA graphs.")
+    warmup_runs: int = option(1, "Eager runs of the graph before it is recorded.", check=positive)
+
+
+def _packet(target: Any) -> str:
+    if isinstance(target, torch._ops.OpOverload):
+        return f"{target.namespace}.{target._schema.name.split('::')[-1]}"
+    return ""
+
+
+def static_skip_reason(graph: torch.fx.GraphModule, context: PassContext) -> str | None:
+    """Why this graph cannot be recorded, judged from its example inputs and nodes (None: it can)."""
+    if context.role != "inference":
+        return f"{context.role} graphs are not recorded yet (inference graphs only)"
+    for i, value in enumerate(context.example_inputs):
+        if isinstance(value, torch.SymInt) or (isinstance(value, torch.Tensor)
+                                               and not all(type(s) is int for s in value.shape)):
+            return f"input {i} has a dynamic shape (CUDA graphs are recorded per static shape)"
+        if isinstance(value, torch.Tensor) and value.device.type != "cuda":
+            return f"input {i} is a {value.device.type} tensor"
+    for node in graph.graph.nodes:
+        if node.op != "call_function":
+            continue
+        name = _packet(node.target)
+        if name in UNRECORDABLE:
+            return f"{node.name} ({name}) synchronizes with the host or has a data-dependent shape"
+        value = meta_of(node)
+        values = value if isinstance(value, (tuple, list)) else [value]
+        for v in values:
+            if isinstance(v, torch.Tensor) and v.device.type != "cuda":
+                return f"{node.name} ({name or node.target}) produces a {v.device.type} tensor"
+    return None
+
+
+def mutated_inputs(graph: torch.fx.GraphModule) -> list[int]:
+    """Indices of placeholders an operation writes to (copy_, index_copy_, slice assignment...)."""
+    placeholders = [n for n in graph.graph.nodes if n.op == "placeholder"]
+    written = set()
+    for node in graph.graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            schema = node.target._schema
+            for arg, value in zip(schema.arguments, node.args):
+                if arg.alias_info is not None and arg.alias_info.is_write and isinstance(value, torch.fx.Node):
+                    written.add(value)
+    return [i for i, p in enumerate(placeholders) if p in written]
+
+
+_pools: dict[int, Any] = {}
+_pool_lock = threading.Lock()
+
+
+def shared_pool(device: int) -> Any:
+    """The memory pool every recorded graph of this process on ``device`` draws from."""
+    with _pool_lock:
+        if device not in _pools:
+            _pools[device] = torch.cuda.graph_pool_handle()
+        return _pools[device]
+
+
+def is_static_input(value: Any) -> bool:
+    """A parameter or buffer: Dynamo marks them, and they keep their address between calls."""
+    return isinstance(value, torch.nn.Parameter) or getattr(value, "_dynamo_static_input_type", None) is not None
+
+
+class CudaGraphRunner:
+    """Runs one graph by replaying its CUDA-graph recording (see the module docstring)."""
+
+    def __init__(self, graph: torch.fx.GraphModule, options: CudaGraphsOptions, context: PassContext,
+                 mutated: list[int]):
+        self.graph = graph
+        self.options = options
+        self.context = context
+        self.mutated = mutated
+        self.recording: torch.cuda.CUDAGraph | None = None
+        self.disabled: str | None = None
+        self.static: dict[int, int] = {}        # input index -> data_ptr used in place
+        self.buffers: dict[int, torch.Tensor] = {}   # input index -> static copy the graph reads
+        self.outputs: tuple = ()
+        self.replays = 0
+
+    @property
+    def __name__(self) -> str:
+        return "cudagraph_replay"
+
+    @property
+    def wrapped_graph(self) -> torch.fx.GraphModule:
+        """The graph this runner records and replays (what reports and kernel counts look into)."""
+        return self.graph
+
+    def __repr__(self) -> str:
+        return f"<CUDA-graph runner ({'disabled: ' + self.disabled if self.disabled else 'recorded' if self.recording else 'not recorded yet'})>"
+
+    def __call__(self, *args: Any) -> Any:
+        if self.recording is None or self.disabled:
+            if self.disabled:
+                return self.graph(*args)
+            return self._record(args)
+        for index, pointer in self.static.items():
+            if args[index].data_ptr() != pointer:
+                self.context.note(f"input {index} (a parameter or buffer) moved to another address: "
+                                  "recording the graph again", topic="cudagraphs")
+                return self._record(args)
+        for index, buffer in self.buffers.items():
+            source = args[index]
+            if source.data_ptr() != buffer.data_ptr():
+                buffer.copy_(source)
+        self.recording.replay()
+        for index in self.mutated:
+            if index in self.buffers and args[index].data_ptr() != self.buffers[index].data_ptr():
+                args[index].copy_(self.buffers[index])
+        self.replays += 1
+        if self.options.clone_outputs:
+            return tuple(o.clone() if isinstance(o, torch.Tensor) else o for o in self.outputs)
+        return self.outputs
+
+    def _skip(self, reason: str, args: tuple) -> Any:
+        self.disabled = reason
+        self.context.tags.discard("cudagraphs")
+        if self.context.record is not None:
+            self.context.record.cudagraphs = False
+        self.context.note(f"not recorded: {reason}", topic="cudagraphs")
+        if self.options.required:
+            raise CudaGraphsError(f"graph {self.context.graph_id}: cudagraphs is required but {reason}")
+        return self.graph(*args)
+
+    def _record(self, args: tuple) -> Any:
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if not tensors or any(t.device.type != "cuda" for t in tensors):
+            return self._skip("an input is not a CUDA tensor at run time", args)
+        device = tensors[0].device
+        with torch.cuda.device(device):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(self.options.warmup_runs):
+                    result = self.graph(*args)
+            torch.cuda.current_stream().wait_stream(side)
+            self.static = {i: a.data_ptr() for i, a in enumerate(args) if is_static_input(a)}
+            self.buffers = {i: torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device).copy_(a)
+                            for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i not in self.static}
+            replay_args = [self.buffers.get(i, a) for i, a in enumerate(args)]
+            recording = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(recording, pool=shared_pool(device.index or 0)):
+                    outputs = self.graph(*replay_args)
+            except Exception as exc:  # noqa: BLE001 - any failure to record is a recorded reason
+                torch.cuda.synchronize(device)
+                return self._skip(f"recording failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}", args)
+        self.recording, self.outputs = recording, tuple(outputs)
+        self.context.note(f"recorded: {len(self.buffers)} input(s) copied into static buffers per call, "
+                          f"{len(self.static)} parameter/buffer input(s) used in place"
+                          + ("" if self.options.clone_outputs else
+                             "; outputs are the recorded buffers, overwritten by the next call"), topic="cudagraphs")
+        return result
+
+
+class CudaGraphs(Pass):
+    """Replay each compiled CUDA graph as one CUDA-graph launch (reduce-overhead)."""
+
+    name = "cudagraphs"
+    Options = CudaGraphsOptions
+    version = "1"
+
+    def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
+        reason = static_skip_reason(graph, context)
+        if reason is not None:
+            if self.options.required:
+                raise CudaGraphsError(f"graph {context.graph_id}: cudagraphs is required but {reason}")
+            context.note(f"not recorded: {reason}", topic="cudagraphs")
+            return graph
+        runner = CudaGraphRunner(graph, self.options, context, mutated_inputs(graph))
+        wrapper = torch.fx.Graph()
+        placeholders = [wrapper.placeholder(n.name) for n in graph.graph.nodes if n.op == "placeholder"]
+        for new, old in zip(placeholders, (n for n in graph.graph.nodes if n.op == "placeholder")):
+            new.meta = dict(old.meta)
+        call = wrapper.call_function(runner, tuple(placeholders))
+        output = next(n for n in graph.graph.nodes if n.op == "output")
+        results = output.args[0]
+        count = len(results) if isinstance(results, (tuple, list)) else 1
+        items = [wrapper.call_function(_getitem, (call, i)) for i in range(count)]
+        wrapper.output(tuple(items) if isinstance(results, (tuple, list)) else items[0])
+        context.tags.add("cudagraphs")
+        context.note("graph will be recorded on its first call" + (
+            "" if self.options.clone_outputs else " (outputs not cloned: the next call overwrites them)"),
+            topic="cudagraphs")
+        return torch.fx.GraphModule(graph, wrapper)
+
+
+def _getitem(values: tuple, index: int) -> Any:
+    return values[index]

@@ -1,0 +1,115 @@
+"""The ``cudagraphs`` pass: recorded reasons when a graph cannot be recorded (CPU, always run),
+and on a GPU: replays match eager, parameters are used in place, inputs are copied, and outputs
+survive the next call unless the plan opts out."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipeline import compilation_of, compile_with_plan
+from pipeline.numerics import compare
+from pipeline.plan import load_plan
+
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (runs on the lent H200)")
+
+
+def mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 16)).eval()
+
+
+def cudagraph_notes(compiled) -> list[str]:
+    return [n["message"] for r in compilation_of(compiled).graphs for n in r.notes if n.get("topic") == "cudagraphs"]
+
+
+def test_reduce_overhead_is_the_default_pipeline_plus_cudagraphs():
+    default, reduce = load_plan("default"), load_plan("reduce-overhead")
+    names = [p.name for p in reduce.passes]
+    assert names == [p.name for p in default.passes] + ["cudagraphs"]
+    for ours, theirs in zip(reduce.passes, default.passes):
+        if ours.name != "capture":
+            assert ours.options == theirs.options, ours.name
+
+
+def test_cpu_graph_is_not_recorded_and_says_why():
+    model = mlp()
+    compiled = compile_with_plan(model, "reduce-overhead")
+    x = torch.randn(8, 32)
+    with torch.no_grad():
+        assert compare(model(x), compiled(x)) is None
+    record = compilation_of(compiled).graphs[0]
+    assert not record.cudagraphs
+    assert any("not recorded: input 0 is a cpu tensor" in n for n in cudagraph_notes(compiled))
+
+
+def test_required_cudagraphs_turn_a_skip_into_an_error():
+    compiled = compile_with_plan(mlp(), "reduce-overhead", options={"cudagraphs": {"required": True}})
+    with pytest.raises(Exception, match="cudagraphs is required but input 0 is a cpu tensor"):
+        with torch.no_grad():
+            compiled(torch.randn(8, 32))
+
+
+def test_expect_full_cudagraphs_fails_when_a_graph_is_not_recorded():
+    compiled = compile_with_plan(mlp(), "reduce-overhead", expect={"cudagraphs": "full"})
+    with pytest.raises(Exception, match="expect.cudagraphs"):
+        with torch.no_grad():
+            compiled(torch.randn(8, 32))
+
+
+@needs_cuda
+def test_replays_match_eager_and_parameters_are_used_in_place():
+    model = mlp().cuda()
+    compiled = compile_with_plan(model, "reduce-overhead")
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(8, 32, device="cuda")
+            assert compare(model(x), compiled(x)) is None
+        model[0].weight.mul_(2)                     # an in-place update is seen by the replay
+        x = torch.randn(8, 32, device="cuda")
+        assert compare(model(x), compiled(x)) is None
+    record = compilation_of(compiled).graphs[0]
+    assert record.cudagraphs
+    assert any("1 input(s) copied into static buffers" in n and "4 parameter/buffer input(s) used in place" in n
+               for n in cudagraph_notes(compiled))
+
+
+@needs_cuda
+def test_outputs_are_not_overwritten_by_the_next_call():
+    model = mlp().cuda()
+    compiled = compile_with_plan(model, "reduce-overhead")
+    with torch.no_grad():
+        compiled(torch.randn(8, 32, device="cuda"))          # first call records
+        a_in, b_in = torch.randn(8, 32, device="cuda"), torch.randn(8, 32, device="cuda")
+        a = compiled(a_in)
+        expected_a = model(a_in)
+        compiled(b_in)
+        assert compare(expected_a, a) is None
+
+
+@needs_cuda
+def test_without_cloning_the_next_call_overwrites_the_outputs():
+    model = mlp().cuda()
+    compiled = compile_with_plan(model, "reduce-overhead", options={"cudagraphs": {"clone_outputs": False}})
+    with torch.no_grad():
+        compiled(torch.randn(8, 32, device="cuda"))
+        a = compiled(torch.randn(8, 32, device="cuda"))
+        b_in = torch.randn(8, 32, device="cuda")
+        b = compiled(b_in)
+        assert a.data_ptr() == b.data_ptr()
+        assert compare(model(b_in), a) is None
+    assert any("overwritten by the next call" in n for n in cudagraph_notes(compiled))
+
+
+@needs_cuda
+def test_an_input_the_graph_writes_is_written_back():
+    def f(cache, x, pos):
+        cache.index_copy_(0, pos, x)
+        return cache.sum(0)
+
+    compiled = compile_with_plan(f, "reduce-overhead")
+    ours, theirs = torch.zeros(16, 8, device="cuda"), torch.zeros(16, 8, device="cuda")
+    for step in range(4):
+        x, pos = torch.randn(2, 8, device="cuda"), torch.tensor([step, step + 8], device="cuda")
+        assert compare(f(theirs, x, pos), compiled(ours, x, pos)) is None
+        assert torch.equal(ours, theirs)

@@ -1,0 +1,64 @@
+"""The Triton kernels' direct launch path on a real GPU (skipped without one; runs on the lent
+H200): later calls skip Triton's launcher, and still match eager, including inputs whose
+alignment differs from the first call's."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipeline import compile_with_plan
+from pipeline.numerics import compare
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on the lent H200)")
+
+
+def gelu_rows(x):
+    return torch.nn.functional.gelu(x) * 2 + x.sum(-1, keepdim=True)
+
+
+def test_later_calls_launch_directly_and_match_eager(monkeypatch):
+    from passes.codegen import triton_runtime
+    made = []
+    original = triton_runtime.TritonKernel.__init__
+
+    def remember(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(triton_runtime.TritonKernel, "__init__", remember)
+    compiled = compile_with_plan(gelu_rows, "default")
+    for _ in range(3):
+        x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+        assert compare(gelu_rows(x), compiled(x)) is None
+    assert made and all(k._fast is not None for k in made)
+    (kernel,) = made
+    monkeypatch.setattr(kernel, "launch", lambda *a, **k: pytest.fail("took Triton's launch path"))
+    x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+    assert compare(gelu_rows(x), compiled(x)) is None
+
+
+def test_an_input_misaligned_since_the_first_call_takes_tritons_path(monkeypatch):
+    from passes.codegen import triton_runtime
+    made = []
+    original = triton_runtime.TritonKernel.__init__
+
+    def remember(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(triton_runtime.TritonKernel, "__init__", remember)
+
+    def f(x):
+        return (x * 3).exp()
+
+    compiled = compile_with_plan(f, "default", options={"capture": {"dynamic": False}})
+    x = torch.randn(1024, device="cuda")
+    assert compare(f(x), compiled(x)) is None
+    (kernel,) = made
+    assert kernel._fast is not None
+    shifted = torch.randn(1025, device="cuda")[1:]          # 4 bytes past a 16-byte boundary
+    calls = []
+    real_launch = kernel.launch
+    monkeypatch.setattr(kernel, "launch", lambda *a, **k: calls.append(1) or real_launch(*a, **k))
+    assert compare(f(shifted), kernel(shifted)[0]) is None
+    assert calls, "a misaligned input must not reuse the binary specialized for aligned pointers"

@@ -1,0 +1,83 @@
+"""The generated host code: view chains folded into one as_strided, linear lowering, and the
+straight-line source that calls ATen entry points directly, all matching eager."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from pipeline import compilation_of, compile_with_plan
+from pipeline.numerics import compare
+
+
+def attention_heads(x, w, b):
+    """GPT-2's attention input: one matmul, split into q/k/v, each viewed and permuted per head."""
+    qkv = (x.reshape(-1, 32) @ w + b).view(2, 8, 96)
+    q, k, v = qkv.split(32, dim=2)
+    q, k, v = (t.view(2, 8, 4, 8).permute(0, 2, 1, 3) for t in (q, k, v))
+    att = torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ v
+    return att.permute(0, 2, 1, 3).reshape(2, 8, 32).relu()
+
+
+def inputs():
+    return torch.randn(2, 8, 32), torch.randn(32, 96), torch.randn(96)
+
+
+def run(fn, args, **codegen):
+    overrides = {"options": {"codegen": codegen}} if codegen else {}
+    compiled = compile_with_plan(fn, "cpu-inference", **overrides)
+    out = compiled(*args)
+    return out, compilation_of(compiled).graphs[0]
+
+
+def test_view_chains_of_computed_tensors_become_one_as_strided_each():
+    args = inputs()
+    out, record = run(attention_heads, args)
+    assert compare(attention_heads(*args), out) is None
+    code = record.final_code
+    assert "as_strided" in code
+    assert "split" not in code and "permute" not in code
+    assert any("view chain(s) folded" in n["message"] for n in record.notes)
+
+
+def test_views_of_graph_inputs_are_not_folded():
+    def f(x):
+        return x.view(4, 8).permute(1, 0).relu()
+
+    x = torch.randn(64)[16:48]          # a graph input with a storage offset
+    out, record = run(f, (x,))
+    assert compare(f(x), out) is None
+    assert "as_strided" not in record.final_code
+
+
+def test_folding_off_keeps_the_view_operators():
+    args = inputs()
+    out, record = run(attention_heads, args, fold_views=False)
+    assert compare(attention_heads(*args), out) is None
+    assert "as_strided" not in record.final_code and "split" in record.final_code
+
+
+def test_addmm_of_a_transposed_weight_calls_linear():
+    layer = torch.nn.Linear(16, 8)
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        out, record = run(lambda t: F.gelu(layer(t)), (x,))
+        assert compare(F.gelu(layer(x)), out) is None
+    assert "aten_linear" in record.final_code and "addmm" not in record.final_code
+
+
+def test_host_code_calls_aten_entry_points_not_the_torch_ops_namespace():
+    args = inputs()
+    _, record = run(attention_heads, args)
+    assert "torch.ops" not in record.final_code
+    _, plain = run(attention_heads, args, host_code=False)
+    assert "torch.ops.aten" in plain.final_code
+
+
+def test_values_are_released_after_their_last_use():
+    args = inputs()
+    _, record = run(attention_heads, args)
+    lines = record.final_code.splitlines()
+    assert any("; del " in line for line in lines)
+    released = {name.strip() for line in lines if "; del " in line for name in line.split("; del ")[1].split(",")}
+    returned = lines[-1].split("return", 1)[1]
+    assert not any(name in returned.replace("(", " ").replace(",", " ").split() for name in released)
