@@ -41,6 +41,7 @@ class LoopNest:
 
     @property
     def outer_axes(self) -> list[int]:
+        """Indices of the loop axes that are not reduced, in loop order."""
         return [a for a in range(len(self.sizes)) if a not in self.reduced]
 
 
@@ -60,6 +61,8 @@ def _strides_for(shape: tuple, strides: tuple, consumer_shape: tuple | None, dom
         target_rank = rank
     else:
         axis_of = outer_axis_map(consumer_shape, domain, reduced)
+        if axis_of is None and not reduced and tuple(consumer_shape) == tuple(domain):
+            axis_of = list(range(rank))     # a reduction over no axis (a 0-d input): outer is full
         if axis_of is None:
             raise UnsupportedGroup(f"{consumer_shape} is not a reduced shape of {domain}")
         target_rank = len(consumer_shape)

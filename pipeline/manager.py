@@ -24,6 +24,7 @@ class BoundPass:
 
     @property
     def name(self) -> str:
+        """The pass's registered name."""
         return self.instance.name
 
 

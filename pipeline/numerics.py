@@ -13,11 +13,14 @@ TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.float32: (1.3e-5, 1e-5),
     torch.float16: (1e-3, 1e-3),
     torch.bfloat16: (1.6e-2, 1e-2),
+    torch.complex128: (1e-7, 1e-7),
+    torch.complex64: (1.3e-5, 1e-5),
+    torch.complex32: (1e-3, 1e-3),
 }
 
 
 def tolerance(dtype: torch.dtype) -> tuple[float, float]:
-    """(rtol, atol) used for ``dtype``; exact for non-floating types."""
+    """(rtol, atol) used for ``dtype`` (a complex dtype as its real parts); exact for integers and bool."""
     return TOLERANCES.get(dtype, (0.0, 0.0))
 
 

@@ -19,8 +19,9 @@ import attrs
 from .errors import PlanError, did_you_mean
 from .options import convert_fields, option, positive, non_negative, unstructure
 from .registry import Registry, get_registry
-from .yamlio import LocatedDict, line_of, load_yaml
+from .yamlio import LocatedDict, line_of, load_document
 
+MAX_EXTENDS_DEPTH = 32
 TOP_LEVEL_KEYS = ("name", "description", "extends", "target", "passes", "options", "remove",
                   "verify", "on_error", "cache", "expect")
 
@@ -76,6 +77,7 @@ class Plan:
     lineage: tuple[str, ...] = attrs.field(default=(), eq=False)
 
     def pass_names(self) -> list[str]:
+        """The names of the plan's passes in order, capture first."""
         return [p.name for p in self.passes]
 
     def to_data(self) -> dict:
@@ -125,44 +127,62 @@ def load_plan(plan: Any, overrides: dict | None = None, *, registry: Registry | 
 
 def _from_file_or_name(ref: str | Path, *, registry: Registry, chain: tuple[str, ...],
                        relative_to: Path | None) -> Plan:
+    # Errors raised here carry no file: the caller names the file and line of the 'extends'.
     text_ref = str(ref)
     path = Path(text_ref)
     if relative_to is not None and not path.is_absolute():
         candidate = relative_to / path
-        if candidate.exists():
+        if _probe(candidate, Path.exists, text_ref):
             path = candidate
-    looks_like_path = path.suffix in (".yaml", ".yml") or "/" in text_ref or path.exists()
+    looks_like_path = path.suffix in (".yaml", ".yml") or "/" in text_ref or _probe(path, Path.exists, text_ref)
     if not looks_like_path:
         entry = registry.plans.get(text_ref)
         if entry is None:
-            raise PlanError(f"no plan named '{text_ref}'{did_you_mean(text_ref, registry.plans)} "
+            raise PlanError(f"no plan named '{_shorten(text_ref)}'{did_you_mean(text_ref, registry.plans)} "
                             f"(or give a path to a .yaml file)")
         path = entry.path
-    if not path.is_file():
-        raise PlanError(f"plan file not found: {text_ref}")
+    if not _probe(path, Path.is_file, text_ref):
+        raise PlanError(f"plan file not found: {_shorten(text_ref)}")
     key = str(path.resolve())
     if key in chain:
         cycle = " -> ".join(list(chain) + [key])
-        # No file: the caller names the file and line of the 'extends' that closes the cycle.
         raise PlanError(f"'extends' forms a cycle: {cycle}")
+    if len(chain) >= MAX_EXTENDS_DEPTH:
+        raise PlanError(f"'extends' chains more than {MAX_EXTENDS_DEPTH} plans; a plan hierarchy never "
+                        f"needs that many levels")
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise PlanError(f"cannot read the plan: {exc.strerror}", file=str(path)) from None
-    raw = load_yaml(data, str(path))
+    raw, line = load_document(data, str(path))
     return _from_data(raw, source=str(path), registry=registry, chain=chain + (key,),
-                      base_dir=path.parent)
+                      base_dir=path.parent, line=line)
+
+
+def _probe(path: Path, test: Any, text_ref: str) -> bool:
+    """``path.exists()`` / ``path.is_file()`` where a name the OS refuses (too long, NUL bytes) is a
+    PlanError instead of an OSError."""
+    try:
+        return test(path)
+    except (OSError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise PlanError(f"cannot use '{_shorten(text_ref)}' as a plan path: {why}") from None
+
+
+def _shorten(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _from_data(raw: Any, *, source: str, registry: Registry, chain: tuple[str, ...],
-               base_dir: Path | None = None) -> Plan:
+               base_dir: Path | None = None, line: int | None = None) -> Plan:
+    """``line``: where the document starts in ``source`` (for errors about the whole document)."""
     if raw is None:
         raise PlanError("the plan is empty: it needs at least 'name' and 'passes' (or 'extends')",
                         file=source)
     if not isinstance(raw, dict):
         raise PlanError(f"a plan is a mapping of keys ({', '.join(TOP_LEVEL_KEYS)}), "
                         f"got {'a list' if isinstance(raw, list) else type(raw).__name__}",
-                        file=source, line=getattr(raw, "line", None))
+                        file=source, line=getattr(raw, "line", None) or line)
     _check_top_keys(raw, source)
     parent_ref = raw.get("extends")
     if parent_ref is not None:
@@ -287,6 +307,9 @@ def _apply_layer(base: Plan, layer: Any, *, source: str, registry: Registry,
                                line=line_of(layer, "passes"))
     if "remove" in layer:
         passes = _remove_passes(passes, layer["remove"], source, line_of(layer, "remove"))
+        if not passes:
+            raise PlanError("'remove' leaves the plan without passes; it needs at least its capture pass",
+                            file=source, line=line_of(layer, "remove"), key="remove")
     if "options" in layer:
         passes = _merge_options(passes, layer["options"], source, registry, line_of(layer, "options"))
     cache = attrs.evolve(base.cache, **_convert_section(CacheSettings, layer, "cache", source))

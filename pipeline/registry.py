@@ -178,9 +178,11 @@ class Registry:
 
     # -- queries -------------------------------------------------------------------------------
     def pass_entry(self, name: str) -> PassEntry | None:
+        """The registered pass called ``name``, or None."""
         return self.passes.get(name)
 
     def unknown_pass_hint(self, name: str) -> str:
+        """A ``; did you mean ...`` suffix for an unknown pass name (see :func:`did_you_mean`)."""
         return did_you_mean(name, self.passes)
 
     def plugin_manager(self, extra: Iterable[Any] = ()) -> pluggy.PluginManager:
@@ -217,6 +219,8 @@ _extra_plugins: list[Any] = []
 
 
 def autoload_enabled() -> bool:
+    """False when ``PIPELINE_DISABLE_PLUGIN_AUTOLOAD`` is set (to 1, true, yes or on): then only the
+    built-in passes are loaded from entry points."""
     return os.environ.get(AUTOLOAD_ENV, "").strip().lower() not in {"1", "true", "yes", "on"}
 
 

@@ -35,7 +35,14 @@ def compiler() -> str:
 
 @lru_cache(maxsize=None)
 def _compiler_version(cxx: str) -> str:
-    return subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
+    try:
+        result = subprocess.run([cxx, "--version"], capture_output=True, text=True)
+    except OSError as exc:
+        raise CompileError(f"cannot run the C++ compiler {cxx!r}: {exc.strerror or exc}") from None
+    lines = result.stdout.splitlines()
+    if result.returncode != 0 or not lines:
+        raise CompileError(f"the C++ compiler {cxx!r} does not answer --version: {result.stderr.strip()[-500:]}")
+    return lines[0]
 
 
 @lru_cache(maxsize=None)
@@ -55,11 +62,21 @@ def cpu_isa() -> str:
 
 
 def cache_dir(configured: str | None) -> Path:
+    """``<root>/cpp`` under the configured cache root, created if needed. A root that cannot be
+    created (read-only, full, a file in the way) is a :class:`CompileError` saying what to do."""
     root = configured or os.environ.get("PIPELINE_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "plan-pipeline")
     path = Path(root) / "cpp"
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CompileError(f"cannot create the kernel cache folder {path}: {exc.strerror or exc}. "
+                           f"{_CACHE_ADVICE}") from None
     return path
+
+
+_CACHE_ADVICE = ("Point the plan's cache.dir (or PIPELINE_CACHE_DIR) at a writable folder with free "
+                 "space, or set cache.enabled: false to build in a private temporary folder.")
 
 
 def cache_key(source: str) -> str:
@@ -71,9 +88,21 @@ def cache_key(source: str) -> str:
 def build(source: str, *, directory: str | None = None,
           persistent: bool = True) -> tuple[ctypes.CDLL, Path, bool]:
     """Compiled library for ``source`` (from the cache when present); returns (library, path of
-    the source file, whether it was a cache hit). Writes are atomic. ``persistent=False`` (plan
-    ``cache.enabled: false``) builds in a private temporary folder that no later process reads."""
-    folder = cache_dir(directory) if persistent else Path(tempfile.mkdtemp(prefix="plan-pipeline-"))
+    the source file, whether it was a cache hit). ``persistent=False`` (plan ``cache.enabled:
+    false``) builds in a private temporary folder that no later process reads.
+
+    A cache entry is only ever complete: the source and the library are written under temporary
+    names and renamed into place, and whatever fails or interrupts a build (the compiler
+    rejecting the source or being killed, a read-only or full disk, Ctrl-C) removes the temporary
+    files. A library in the cache that does not load (truncated by an older crash) is rebuilt.
+    Failures are :class:`CompileError` naming the file or folder; an interrupt propagates."""
+    if persistent:
+        folder = cache_dir(directory)
+    else:
+        try:
+            folder = Path(tempfile.mkdtemp(prefix="plan-pipeline-"))
+        except OSError as exc:
+            raise CompileError(f"cannot create a temporary build folder: {exc.strerror or exc}") from None
     key = cache_key(source)
     lib_path = folder / f"k_{key}.so"
     src_path = folder / f"k_{key}.cpp"
@@ -81,23 +110,80 @@ def build(source: str, *, directory: str | None = None,
         if str(lib_path) in _loaded:
             return _loaded[str(lib_path)], src_path, True
         hit = lib_path.exists()
-        if not hit:
-            _atomic_write(src_path, source)
-            with tempfile.NamedTemporaryFile(dir=folder, suffix=".so", delete=False) as tmp:
-                tmp_path = tmp.name
-            cmd = [compiler(), *FLAGS, str(src_path), "-o", tmp_path, *LIBS]
-            result = subprocess.run(cmd, capture_output=True, text=True)
-            if result.returncode != 0:
-                os.unlink(tmp_path)
-                raise CompileError(f"g++ failed on generated source {src_path}:\n{result.stderr[-4000:]}")
-            os.replace(tmp_path, lib_path)
-        library = ctypes.CDLL(str(lib_path))
+        if hit:
+            library = _load(lib_path)
+            if library is not None:
+                _loaded[str(lib_path)] = library
+                return library, src_path, True
+            _remove(lib_path)           # a damaged entry: build it again
+            hit = False
+        _write_source(src_path, source)
+        _compile(src_path, lib_path, folder)
+        library = _load(lib_path)
+        if library is None:
+            _remove(lib_path)
+            raise CompileError(f"the library built from {src_path} does not load")
         _loaded[str(lib_path)] = library
         return library, src_path, hit
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as tmp:
-        tmp.write(text)
-        name = tmp.name
-    os.replace(name, path)
+def _load(path: Path) -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(str(path))
+    except OSError:
+        return None
+
+
+def _remove(path: Path | str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _write_source(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically; on any failure no file is left behind."""
+    tmp_name = None
+    try:
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as tmp:
+            tmp_name = tmp.name
+            tmp.write(text)
+        os.replace(tmp_name, path)
+        tmp_name = None
+    except OSError as exc:
+        raise CompileError(f"cannot write generated source {path}: {exc.strerror or exc}. "
+                           f"{_CACHE_ADVICE}") from None
+    finally:
+        if tmp_name is not None:
+            _remove(tmp_name)
+
+
+def _compile(src_path: Path, lib_path: Path, folder: Path) -> None:
+    """Run the compiler into a temporary file and rename it to ``lib_path`` only on success."""
+    tmp_name = None
+    try:
+        try:
+            with tempfile.NamedTemporaryFile(dir=folder, suffix=".so", delete=False) as tmp:
+                tmp_name = tmp.name
+        except OSError as exc:
+            raise CompileError(f"cannot write into the kernel cache folder {folder}: "
+                               f"{exc.strerror or exc}. {_CACHE_ADVICE}") from None
+        cmd = [compiler(), *FLAGS, str(src_path), "-o", tmp_name, *LIBS]
+        try:
+            result = subprocess.run(cmd, capture_output=True, text=True)
+        except OSError as exc:
+            raise CompileError(f"cannot run the C++ compiler {cmd[0]!r}: {exc.strerror or exc}") from None
+        if result.returncode < 0:
+            raise CompileError(f"the C++ compiler was killed by signal {-result.returncode} while "
+                               f"compiling {src_path}")
+        if result.returncode != 0:
+            raise CompileError(f"g++ failed on generated source {src_path}:\n{result.stderr[-4000:]}")
+        try:
+            os.replace(tmp_name, lib_path)
+        except OSError as exc:
+            raise CompileError(f"cannot store the compiled kernel {lib_path}: {exc.strerror or exc}. "
+                               f"{_CACHE_ADVICE}") from None
+        tmp_name = None
+    finally:
+        if tmp_name is not None:
+            _remove(tmp_name)

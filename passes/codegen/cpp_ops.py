@@ -116,6 +116,11 @@ def pointwise_expr(node: torch.fx.Node, operand: Callable[[Any, str], str]) -> s
                 return f"({value} != 0)"
             return f"(({ct}){value})"
         return simple[name].format(a(0), t=ct)
+    if name == "aten.sign":
+        x = a(0)
+        if ct == "bool":
+            return x
+        return nan_guard(x, f"(({ct})({x} > 0) - ({ct})({x} < 0))", ct)
     if name == "aten.abs":
         return f"std::abs({a(0)})" if ct != "bool" else a(0)
     if name == "aten.relu":

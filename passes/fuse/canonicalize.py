@@ -10,6 +10,8 @@ aten = torch.ops.aten
 
 
 def _norm_dims(x: torch.Tensor, dim) -> list[int]:
+    if x.dim() == 0:
+        return []           # dim 0 or -1 of a 0-d tensor: nothing to reduce
     if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
         return list(range(x.dim()))
     if isinstance(dim, int):
@@ -31,6 +33,10 @@ def mean_dim(x, dim=None, keepdim=False, *, dtype=None):
     acc = source.to(_accumulation_dtype(source))
     out = acc.sum(dims, keepdim=keepdim) / _count(x, dims)
     return out.to(source.dtype)
+
+
+def mean_all(x, *, dtype=None):
+    return mean_dim(x, None, False, dtype=dtype)
 
 
 def _variance(x, dims, correction, keepdim):
@@ -58,6 +64,7 @@ def var_mean_correction(x, dim=None, *, correction=None, keepdim=False):
 
 FUSION_DECOMPOSITIONS = {
     aten.mean.dim: mean_dim,
+    aten.mean.default: mean_all,
     aten.var.correction: var_correction,
     aten.var_mean.correction: var_mean_correction,
 }

@@ -62,6 +62,7 @@ class GraphCase:
     mutates_inputs: bool = False
 
     def make_inputs(self, seed: int = 0) -> list[torch.Tensor]:
+        """Fresh random inputs for the graph, the same for the same ``seed``."""
         generator = torch.Generator().manual_seed(seed)
         return [spec.make(generator) for spec in self.inputs]
 

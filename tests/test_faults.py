@@ -1,0 +1,375 @@
+"""Faults during a compile end in the plan's policy, and never leave a half-written cache entry.
+
+``on_error: raise`` turns each fault into one clear error naming what failed; ``on_error: eager``
+runs the graph eagerly and records the reason in the compilation record. The faults: a plugin
+raising in each hook, a pass raising, generated C++ or Triton source that does not compile, a
+cache folder that is read-only, full or blocked by a file, a compiler killed mid-build, and a
+compile interrupted with Ctrl-C (which always propagates: an interrupt is not a compile error).
+"""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import warnings
+from pathlib import Path
+
+import attrs
+import pytest
+import torch
+
+import pipeline
+from pipeline import PassFailure, RegistrationError, compilation_of, compile_with_plan, hookimpl
+from pipeline.errors import PipelineError
+
+os.environ.setdefault("TRITON_INTERPRET", "1")   # as in test_triton_backend: before triton is imported
+
+
+def model(x):
+    return torch.relu(x) * 2.0 + 1.0
+
+
+X = torch.linspace(-3, 3, 64).reshape(8, 8)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def compiled_with(policy: str, cache: Path, **overrides):
+    return compile_with_plan(model, "default", on_error=policy, cache={"dir": str(cache)}, **overrides)
+
+
+def run_eager_policy(compiled) -> str:
+    """Call a compiled function whose compile fails under ``on_error: eager``: it must give eager's
+    result, warn, and record the reason; returns the recorded reason."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = compiled(X.clone())
+    torch.testing.assert_close(out, model(X))
+    record = compilation_of(compiled).graphs[0]
+    assert record.fallback, "on_error: eager recorded no reason"
+    assert any("runs eagerly" in str(w.message) for w in caught)
+    assert record.kernels == 0
+    return record.fallback
+
+
+def assert_cache_complete(cache: Path) -> None:
+    """Only complete entries: no temporary file, no library; a source file is whole."""
+    folder = cache / "cpp"
+    names = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+    leftovers = [n for n in names if not n.startswith("k_") or n.endswith((".tmp", ".so"))]
+    assert not leftovers, f"half-written or temporary files left in the cache: {leftovers}"
+    for name in names:
+        text = (folder / name).read_text()
+        assert text.startswith("// Generated") and text.endswith("}\n"), f"{name} is not a whole source file"
+
+
+def assert_cache_works_again(cache: Path) -> None:
+    torch._dynamo.reset()
+    compiled = compiled_with("raise", cache)
+    torch.testing.assert_close(compiled(X.clone()), model(X))
+    assert compilation_of(compiled).graphs[0].kernels == 1
+    assert list((cache / "cpp").glob("k_*.so"))
+
+
+# -- plugins raising in every hook -------------------------------------------------------------------
+class RaisingPlugin:
+    """Raises in one hook; ``pass_name`` limits the instrumentation hooks to one pass."""
+
+    def __init__(self, hook: str, pass_name: str = "fuse"):
+        self.hook = hook
+        self.pass_name = pass_name
+
+    def fail(self):
+        raise RuntimeError(f"injected fault in {self.hook}")
+
+    @hookimpl
+    def pipeline_register_passes(self):
+        return self.fail() if self.hook == "pipeline_register_passes" else []
+
+    @hookimpl
+    def pipeline_register_plans(self):
+        return self.fail() if self.hook == "pipeline_register_plans" else []
+
+    @hookimpl
+    def pipeline_register_invariants(self):
+        if self.hook == "pipeline_register_invariants":
+            self.fail()
+        if self.hook == "invariant-check":
+            return {"fused": lambda gm: self.fail()}
+        return {}
+
+    @hookimpl
+    def pipeline_before_pass(self, pass_, graph, context):
+        if self.hook == "pipeline_before_pass" and pass_.name == self.pass_name:
+            self.fail()
+
+    @hookimpl
+    def pipeline_after_pass(self, pass_, graph, context):
+        if self.hook == "pipeline_after_pass" and pass_.name == self.pass_name:
+            self.fail()
+
+
+@pytest.fixture
+def plugin():
+    registered = []
+
+    def register(obj):
+        pipeline.register_plugin(obj)
+        registered.append(obj)
+        return obj
+
+    yield register
+    for obj in registered:
+        pipeline.unregister_plugin(obj)
+
+
+@pytest.mark.parametrize("hook", ["pipeline_register_passes", "pipeline_register_plans",
+                                  "pipeline_register_invariants"])
+def test_a_plugin_raising_while_registering_is_a_registration_error_naming_it(hook):
+    with pytest.raises(RegistrationError) as info:
+        pipeline.register_plugin(RaisingPlugin(hook))
+    message = str(info.value)
+    assert "RaisingPlugin" in message and hook in message and "injected fault" in message
+    assert not any(isinstance(p.obj, RaisingPlugin) for p in pipeline.get_registry().plugins)
+
+
+@pytest.mark.parametrize("hook", ["pipeline_before_pass", "pipeline_after_pass"])
+@pytest.mark.parametrize("pass_name", ["functionalize", "codegen"])
+def test_a_plugin_raising_around_a_pass_under_on_error_raise_names_plugin_hook_and_pass(
+        plugin, tmp_path, hook, pass_name):
+    plugin(RaisingPlugin(hook, pass_name))
+    with pytest.raises(PassFailure) as info:
+        compiled_with("raise", tmp_path)(X.clone())
+    message = str(info.value)
+    assert "RaisingPlugin" in message and hook in message and f"'{pass_name}'" in message
+    assert info.value.pass_name == pass_name
+
+
+@pytest.mark.parametrize("hook", ["pipeline_before_pass", "pipeline_after_pass"])
+def test_a_plugin_raising_around_a_pass_under_on_error_eager_runs_eagerly_with_the_reason(
+        plugin, tmp_path, hook):
+    plugin(RaisingPlugin(hook, "fuse"))
+    reason = run_eager_policy(compiled_with("eager", tmp_path))
+    assert hook in reason and "injected fault" in reason and "RaisingPlugin" in reason
+
+
+@pytest.mark.parametrize("policy", ["raise", "eager"])
+def test_an_invariant_check_that_raises_ends_in_the_policy(plugin, tmp_path, policy):
+    plugin(RaisingPlugin("invariant-check"))
+    compiled = compiled_with(policy, tmp_path, verify="final")
+    if policy == "raise":
+        with pytest.raises(PassFailure, match="invariant check for 'fused'.*injected fault"):
+            compiled(X.clone())
+    else:
+        assert "invariant check for 'fused'" in run_eager_policy(compiled)
+
+
+class ExplodingPass(pipeline.Pass):
+    """A third-party pass whose run() raises."""
+
+    name = "exploding"
+    version = "1"
+    requires = frozenset({"functional"})
+
+    def run(self, graph, context):
+        raise ZeroDivisionError("injected fault in a pass")
+
+
+class ExplodingPlugin:
+    @hookimpl
+    def pipeline_register_passes(self):
+        return [ExplodingPass]
+
+
+@pytest.mark.parametrize("policy", ["raise", "eager"])
+def test_a_pass_that_raises_ends_in_the_policy(plugin, tmp_path, policy):
+    plugin(ExplodingPlugin())
+    compiled = compiled_with(policy, tmp_path, passes=["capture", "functionalize", "exploding"])
+    if policy == "raise":
+        with pytest.raises(PassFailure, match="pass 'exploding'.*ZeroDivisionError: injected fault"):
+            compiled(X.clone())
+    else:
+        assert "ZeroDivisionError: injected fault in a pass" in run_eager_policy(compiled)
+
+
+# -- generated source that does not compile ----------------------------------------------------------
+@pytest.fixture
+def broken_cpp(monkeypatch):
+    from passes.codegen import cpp_source
+    monkeypatch.setattr(cpp_source, "HEADER", cpp_source.HEADER + "#error injected fault: not C++\n")
+
+
+def test_generated_cpp_that_does_not_compile_raises_naming_the_source(broken_cpp, tmp_path):
+    from passes.codegen.cpp_build import CompileError
+    with pytest.raises(CompileError) as info:
+        compiled_with("raise", tmp_path)(X.clone())
+    assert "injected fault: not C++" in str(info.value) and str(tmp_path / "cpp") in str(info.value)
+    assert_cache_complete(tmp_path)
+
+
+def test_generated_cpp_that_does_not_compile_runs_eagerly_under_on_error_eager(broken_cpp, tmp_path):
+    assert "injected fault: not C++" in run_eager_policy(compiled_with("eager", tmp_path))
+    assert_cache_complete(tmp_path)
+
+
+@pytest.fixture
+def broken_triton(monkeypatch):
+    pytest.importorskip("triton")
+    from passes.codegen import triton_runtime
+    if not triton_runtime.interpreting() or triton_runtime.interpreter_problem():
+        pytest.skip("triton was imported before TRITON_INTERPRET=1 was set in this process")
+    original = triton_runtime.kernel_source
+
+    def broken(*args, **kwargs):
+        generated = original(*args, **kwargs)
+        return attrs.evolve(generated, source=generated.source.replace("def ", "def def ", 1))
+
+    monkeypatch.setattr(triton_runtime, "kernel_source", broken)
+
+
+TRITON = {"options": {"codegen": {"backend": "triton"}}}
+
+
+def test_generated_triton_that_does_not_compile_raises_naming_codegen(broken_triton, tmp_path):
+    with pytest.raises(PassFailure) as info:
+        compiled_with("raise", tmp_path, **TRITON)(X.clone())
+    assert info.value.pass_name == "codegen" and "SyntaxError" in str(info.value)
+
+
+def test_generated_triton_that_does_not_compile_runs_eagerly_under_on_error_eager(broken_triton, tmp_path):
+    assert "SyntaxError" in run_eager_policy(compiled_with("eager", tmp_path, **TRITON))
+
+
+# -- the cache folder: read-only, full, blocked ------------------------------------------------------
+@pytest.fixture
+def refuse_writes(monkeypatch):
+    """Make the filesystem refuse to create files and folders under a path with ``errno`` (works
+    as root too, where permission bits would not stop the writes)."""
+    def install(folder: Path, code: int):
+        real_open, real_mkdir = os.open, os.mkdir
+        prefix = str(folder)
+
+        def guarded_open(path, flags, mode=0o777, *, dir_fd=None):
+            if flags & (os.O_CREAT | os.O_WRONLY | os.O_RDWR) and os.fspath(path).startswith(prefix):
+                raise OSError(code, os.strerror(code), os.fspath(path))
+            return real_open(path, flags, mode, dir_fd=dir_fd)
+
+        def guarded_mkdir(path, mode=0o777, *, dir_fd=None):
+            if os.fspath(path).startswith(prefix):
+                raise OSError(code, os.strerror(code), os.fspath(path))
+            return real_mkdir(path, mode, dir_fd=dir_fd)
+
+        monkeypatch.setattr(os, "open", guarded_open)
+        monkeypatch.setattr(os, "mkdir", guarded_mkdir)
+    return install
+
+
+CACHE_FAULTS = {
+    "read-only folder": (errno.EROFS, "Read-only file system", True),
+    "read-only root not yet created": (errno.EROFS, "cannot create the kernel cache folder", False),
+    "full disk": (errno.ENOSPC, "No space left on device", True),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(CACHE_FAULTS))
+@pytest.mark.parametrize("policy", ["raise", "eager"])
+def test_an_unwritable_cache_ends_in_the_policy_with_advice(refuse_writes, tmp_path, fault, policy):
+    code, text, exists = CACHE_FAULTS[fault]
+    cache = tmp_path / "cache"
+    if exists:
+        (cache / "cpp").mkdir(parents=True)
+    refuse_writes(cache, code)
+    compiled = compiled_with(policy, cache)
+    if policy == "raise":
+        with pytest.raises(PipelineError) as info:
+            compiled(X.clone())
+        message = str(info.value)
+    else:
+        message = run_eager_policy(compiled)
+    assert text in message and "cache.dir" in message and "cache.enabled: false" in message
+    assert not cache.exists() or not any(cache.rglob("*.so"))
+
+
+def test_a_file_where_the_cache_folder_should_be_is_a_clear_error(tmp_path):
+    blocker = tmp_path / "cache"
+    blocker.write_text("not a folder")
+    with pytest.raises(PipelineError, match="cannot create the kernel cache folder"):
+        compiled_with("raise", blocker)(X.clone())
+
+
+def test_an_unwritable_cache_does_not_matter_with_the_cache_disabled(refuse_writes, tmp_path):
+    cache = tmp_path / "cache"
+    refuse_writes(cache, errno.EROFS)
+    compiled = compile_with_plan(model, "default", cache={"dir": str(cache), "enabled": False})
+    torch.testing.assert_close(compiled(X.clone()), model(X))
+    assert compilation_of(compiled).graphs[0].kernels == 1
+
+
+# -- a compiler that dies, fills the disk, or is interrupted -----------------------------------------
+FAKE_COMPILER = """#!/bin/sh
+if [ "$1" = "--version" ]; then echo "fake-g++ 1.0 {mode}"; exit 0; fi
+out=""; prev=""
+for arg in "$@"; do [ "$prev" = "-o" ] && out="$arg"; prev="$arg"; done
+head -c 4096 /dev/urandom > "$out"          # a half-written library
+case "{mode}" in
+  full) echo "fatal error: error writing to $out: No space left on device" >&2; exit 1;;
+  killed) kill -KILL $$;;
+  interrupt) kill -INT $PPID; sleep 30; exit 1;;
+esac
+"""
+
+
+@pytest.fixture
+def fake_compiler(monkeypatch, tmp_path):
+    def install(mode: str) -> Path:
+        script = tmp_path / f"fake-g++-{mode}"
+        script.write_text(FAKE_COMPILER.format(mode=mode))
+        script.chmod(script.stat().st_mode | stat.S_IXUSR)
+        monkeypatch.setenv("CXX", str(script))
+        return script
+    return install
+
+
+@pytest.mark.parametrize("mode, text", [("full", "No space left on device"), ("killed", "killed by signal 9")])
+@pytest.mark.parametrize("policy", ["raise", "eager"])
+def test_a_compiler_that_fails_midway_leaves_no_library_in_the_cache(fake_compiler, monkeypatch, tmp_path,
+                                                                     mode, text, policy):
+    fake_compiler(mode)
+    cache = tmp_path / "cache"
+    compiled = compiled_with(policy, cache)
+    if policy == "raise":
+        with pytest.raises(PipelineError, match=text):
+            compiled(X.clone())
+    else:
+        assert text in run_eager_policy(compiled)
+    assert_cache_complete(cache)
+    monkeypatch.delenv("CXX")
+    assert_cache_works_again(cache)
+
+
+@pytest.mark.parametrize("policy", ["raise", "eager"])
+def test_an_interrupted_compile_propagates_and_leaves_no_library_in_the_cache(fake_compiler, monkeypatch,
+                                                                              tmp_path, policy):
+    fake_compiler("interrupt")
+    cache = tmp_path / "cache"
+    with pytest.raises(KeyboardInterrupt):
+        compiled_with(policy, cache)(X.clone())
+    assert_cache_complete(cache)
+    monkeypatch.delenv("CXX")
+    assert_cache_works_again(cache)
+
+
+def test_a_truncated_library_in_the_cache_is_rebuilt(tmp_path):
+    from passes.codegen import cpp_build
+    source = '// Generated\nextern "C" int answer_for_truncation_test(void) { return 42; }\n'
+    folder = cpp_build.cache_dir(str(tmp_path))
+    damaged = folder / f"k_{cpp_build.cache_key(source)}.so"
+    damaged.write_bytes(b"\x7fELF" + bytes(60))          # what a crash mid-copy could leave
+    library, _, hit = cpp_build.build(source, directory=str(tmp_path))
+    assert not hit and library.answer_for_truncation_test() == 42
+    assert damaged.stat().st_size > 64
