@@ -82,3 +82,13 @@ def miscompile_plugin(tmp_path_factory: pytest.TempPathFactory):
                           distribution="pipeline-miscompile-plugin", version="1.0.0",
                           module="pipeline_miscompile_plugin") as plugin:
         yield plugin
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Dynamo's caches and counters reset before and after the test (modules use it with
+    ``pytestmark = pytest.mark.usefixtures("fresh_dynamo")``)."""
+    import torch
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()

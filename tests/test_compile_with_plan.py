@@ -12,11 +12,7 @@ from pipeline.demo import ExampleMLP
 from pipeline.numerics import compare
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def branchy(x):

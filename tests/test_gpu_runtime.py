@@ -12,20 +12,26 @@ from pipeline.numerics import compare
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on the lent H200)")
 
 
-def gelu_rows(x):
-    return torch.nn.functional.gelu(x) * 2 + x.sum(-1, keepdim=True)
-
-
-def test_later_calls_launch_directly_and_match_eager(monkeypatch):
+@pytest.fixture
+def made(monkeypatch) -> list:
+    """Every TritonKernel constructed during the test."""
     from passes.codegen import triton_runtime
-    made = []
+    kernels = []
     original = triton_runtime.TritonKernel.__init__
 
     def remember(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        made.append(self)
+        kernels.append(self)
 
     monkeypatch.setattr(triton_runtime.TritonKernel, "__init__", remember)
+    return kernels
+
+
+def gelu_rows(x):
+    return torch.nn.functional.gelu(x) * 2 + x.sum(-1, keepdim=True)
+
+
+def test_later_calls_launch_directly_and_match_eager(made, monkeypatch):
     compiled = compile_with_plan(gelu_rows, "default")
     for _ in range(3):
         x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
@@ -37,16 +43,7 @@ def test_later_calls_launch_directly_and_match_eager(monkeypatch):
     assert compare(gelu_rows(x), compiled(x)) is None
 
 
-def test_an_input_misaligned_since_the_first_call_takes_tritons_path(monkeypatch):
-    from passes.codegen import triton_runtime
-    made = []
-    original = triton_runtime.TritonKernel.__init__
-
-    def remember(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        made.append(self)
-
-    monkeypatch.setattr(triton_runtime.TritonKernel, "__init__", remember)
+def test_an_input_misaligned_since_the_first_call_takes_tritons_path(made, monkeypatch):
 
     def f(x):
         return (x * 3).exp()
