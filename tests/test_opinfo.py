@@ -62,8 +62,8 @@ def test_op_matches_eager_in_its_class(op_db, name):
     assert ran, f"{name}: no sample ran: {result.samples}"
     assert result.status not in ("mismatch", "crash"), f"{name}: {result.status}: {result.reason}"
     assert result.status == SUBSET[name], f"{name}: expected {SUBSET[name]}, got {result.status}: {result.reason}"
-    if result.status == "eager":
-        assert result.reason.startswith(("graph break:", "on_error: eager fallback:")), result.reason
+    if result.status == "eager":    # Dynamo's recorded reason, not a pass failing under on_error: eager
+        assert result.reason.startswith("graph break:"), result.reason
 
 
 def test_every_subset_op_is_in_the_op_database(op_db):

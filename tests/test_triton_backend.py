@@ -213,6 +213,14 @@ def group_inputs(kernel, args):
     return picked
 
 
+def test_reductions_over_zero_elements_match_eager():
+    """An empty reduced axis: every load is masked (an unmasked one reads out of bounds)."""
+    record = run_plan(lambda x: (x * 2).sum(-1) + 1, torch.randn(4, 0))
+    assert record.kernels == 1
+    record = run_plan(lambda x: torch.var(x, -1, unbiased=True), torch.randn(3, 0))
+    assert record.kernels >= 1
+
+
 def test_fp16_layer_norm_matches_eager():
     record = run_plan(layer_norm, torch.randn(8, 40, dtype=torch.float16), torch.randn(40, dtype=torch.float16),
                       torch.randn(40, dtype=torch.float16))

@@ -79,7 +79,12 @@ def write_source(text: str, directory: str | None = None, *, persistent: bool = 
     if path.exists():
         return path, True
     with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as tmp:
-        tmp.write(text)
+        try:
+            tmp.write(text)
+        except BaseException:
+            tmp.close()
+            os.unlink(tmp.name)     # never leave a half-written file behind (disk full, Ctrl-C)
+            raise
     os.replace(tmp.name, path)
     return path, False
 

@@ -318,7 +318,7 @@ class TritonWriter:
             self.emit(1, f"xmask = xo < {outer_total}")
         if blocks.persistent:
             self.emit(1, "rr = tl.arange(0, RBLOCK)[None, :]")
-            if red_total % blocks.rblock:
+            if red_total % blocks.rblock or red_total == 0:
                 self.rmask = "rmask"
                 self.emit(1, f"rmask = rr < {red_total}")
         else:
