@@ -56,7 +56,8 @@ class CodegenOptions:
 
 class CppKernel(CompiledKernel):
     """A compiled C++ kernel: allocates the outputs with the strides eager would give them and
-    calls the function with raw pointers. Inputs with unexpected strides run the group eagerly."""
+    calls the function with raw pointers. Inputs with unexpected strides or dtypes (a shape function
+    that disagreed with the real kernel), or not on the CPU, run the group eagerly."""
 
     backend = "cpp"
 
@@ -64,10 +65,12 @@ class CppKernel(CompiledKernel):
         super().__init__(group, source)
         self.function = function
         self.in_strides = tuple(tuple(v.stride()) for v in inputs)
+        self.in_dtypes = tuple(v.dtype for v in inputs)
         self.outputs = [(tuple(v.shape), tuple(v.stride()), v.dtype) for v in outputs]
 
     def __call__(self, *inputs: torch.Tensor) -> tuple:
-        if tuple(map(_stride, inputs)) != self.in_strides or not all(map(_is_cpu, inputs)):
+        if tuple(map(_stride, inputs)) != self.in_strides or tuple(map(_dtype, inputs)) != self.in_dtypes \
+                or not all(map(_is_cpu, inputs)):
             return self.group(*inputs)
         outs = tuple(torch.empty_strided(shape, stride, dtype=dtype) for shape, stride, dtype in self.outputs)
         self.function(*[t.data_ptr() for t in inputs], *[o.data_ptr() for o in outs])
@@ -76,6 +79,7 @@ class CppKernel(CompiledKernel):
 
 _stride = torch.Tensor.stride
 _is_cpu = operator.attrgetter("is_cpu")
+_dtype = operator.attrgetter("dtype")
 
 
 class Codegen(Pass):
