@@ -75,6 +75,7 @@ class Compilation:
         self.report_path: str | None = None
         self._reported_version = 0
         self._checked_version = 0
+        self._called = False
         self.version = 0  # bumped by every graph compile; after_call checks only when it moved
         self._break_baseline = compat.graph_break_counts()
         bound = [self._bind(spec) for spec in plan.passes]
@@ -246,9 +247,11 @@ class Compilation:
     # -- after each call ----------------------------------------------------------------------
     def after_call(self) -> None:
         """Pick up graph breaks seen since the last graph and check the plan's expectations.
-        Cheap when nothing compiled since the last check."""
-        if self.version == self._checked_version:
+        Cheap when nothing compiled since the last check; the first call always checks (a call
+        whose code Dynamo breaks on before any operation compiles no graph at all)."""
+        if self.version == self._checked_version and self._called:
             return
+        self._called = True
         self._checked_version = self.version
         self._collect_graph_breaks()
         try:

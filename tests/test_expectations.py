@@ -79,3 +79,18 @@ def test_expectations_are_checked_again_only_after_a_new_compile():
         warnings.simplefilter("always")
         calls(compiled, 4, 6, 6, 6)
     assert sum("max_recompiles" in str(w.message) for w in caught) == 1
+
+
+def test_a_graph_break_before_any_graph_is_recorded_and_checked():
+    """Dynamo compiles no graph for a function that breaks at its first operation: the break is
+    still recorded, and an expectation on it still fails."""
+    def scalar(x):
+        return x.item() + 1
+
+    compiled = pipeline.compile_with_plan(scalar, "default")
+    assert compiled(torch.tensor(2.0)) == 3.0
+    record = pipeline.compilation_of(compiled)
+    assert not record.graphs and any("item()" in b for b in record.graph_breaks)
+    strict = pipeline.compile_with_plan(scalar, "default", expect={"max_graph_breaks": 0})
+    with pytest.raises(pipeline.ExpectationError, match="max_graph_breaks"):
+        strict(torch.tensor(2.0))
