@@ -154,3 +154,20 @@ def _merge_axes(sizes: list[int], reduced: tuple, loads: dict, outputs: list):
 
 
 __all__ = ["analyze", "LoopNest", "Access", "UnsupportedGroup", "UNIT_RESHAPES"]
+
+
+def closure(roots: list, full_nodes: list, stop: frozenset = frozenset()) -> list:
+    """Full-level nodes of a nest needed to compute ``roots``, in graph order (not looking past the
+    nodes in ``stop``, whose values a backend already holds). Both backends plan their passes
+    over a reduction's row with it."""
+    full = set(full_nodes)
+    needed: set = set()
+    stack = [r for r in roots if r in full]
+    while stack:
+        node = stack.pop()
+        if node in needed:
+            continue
+        needed.add(node)
+        if node not in stop:
+            stack.extend(a for a in node.all_input_nodes if a in full)
+    return [n for n in full_nodes if n in needed]

@@ -10,16 +10,10 @@ import pytest
 import torch
 
 import pipeline
+from sample_functions import branchy
 
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
-
-
-def branchy(x):
-    y = torch.sin(x) * 2
-    if y.sum().item() > 0:
-        return y.cos()
-    return y.tanh()
 
 
 def scaled(x):

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from pipeline import compilation_of, compile_with_plan
 from pipeline.numerics import compare
 from pipeline.testing import SemanticsError, assert_preserves_semantics
-
+from sample_functions import layer_norm, log_softmax, rms_norm, softmax
 
 
 @pytest.fixture(autouse=True)
@@ -28,22 +28,6 @@ def compiled_record(fn, *args, plan="cpu-inference"):
         out = compiled(*args)
         assert compare(fn(*args), out) is None
     return compilation_of(compiled).graphs[0]
-
-
-def softmax(x):
-    return torch.softmax(x, -1)
-
-
-def log_softmax(x):
-    return torch.log_softmax(x, -1)
-
-
-def layer_norm(x, w, b):
-    return F.layer_norm(x, (x.shape[-1],), w, b)
-
-
-def rms_norm(x, w):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
 
 
 @pytest.mark.parametrize("fn,args", [

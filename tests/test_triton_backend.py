@@ -20,13 +20,13 @@ import sys  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
 from pipeline import compilation_of, compile_with_plan  # noqa: E402
 from pipeline.fused import FusedGroup  # noqa: E402
 from pipeline.numerics import compare  # noqa: E402
 from pipeline.testing import assert_preserves_semantics, graphs  # noqa: E402
+from sample_functions import layer_norm, log_softmax, rms_norm, softmax  # noqa: E402
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install -e '.[gpu]')")
@@ -80,22 +80,6 @@ def run_plan(fn, *args, plan=PLAN):
         problem = compare(fn(*args), out)
     assert problem is None, problem
     return compilation_of(compiled).graphs[0]
-
-
-def softmax(x):
-    return torch.softmax(x, -1)
-
-
-def log_softmax(x):
-    return torch.log_softmax(x, -1)
-
-
-def layer_norm(x, w, b):
-    return F.layer_norm(x, (x.shape[-1],), w, b)
-
-
-def rms_norm(x, w):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
 
 
 def chain(x, y):

@@ -14,7 +14,7 @@ import torch
 import torch.fx
 
 from pipeline.fused import REDUCTIONS, meta_of, packet_name
-from pipeline.loops import LoopNest
+from pipeline.loops import LoopNest, closure
 
 from .cpp_ops import C_STORAGE, compute_type, literal, load_expr, pointwise_expr, round_to, store_expr
 
@@ -298,21 +298,6 @@ class KernelWriter:
                 self.store(2, node, access.strides, "outer")
         self.emit(1, "}")
 
-    def closure(self, roots: list[torch.fx.Node], full_nodes: list[torch.fx.Node],
-                stop: frozenset = frozenset()) -> list[torch.fx.Node]:
-        """Full-level nodes needed to compute ``roots`` (not looking past nodes in ``stop``)."""
-        full = set(full_nodes)
-        needed: set = set()
-        stack = [r for r in roots if r in full]
-        while stack:
-            node = stack.pop()
-            if node in needed:
-                continue
-            needed.add(node)
-            if node not in stop:
-                stack.extend(a for a in node.all_input_nodes if a in full)
-        return [n for n in full_nodes if n in needed]
-
     def pass_plan(self, full_nodes: list, reductions: list, outputs: dict, red_total: int) -> dict:
         """What each pass computes, and which expensive values computed in one pass are kept in a
         per-row buffer for later passes instead of being recomputed (rows up to ROW_CACHE_MAX)."""
@@ -325,13 +310,13 @@ class KernelWriter:
         cached: dict = {}
         plan: dict = {"passes": [], "reads": [], "writes": [], "buffers": []}
         for p, (these, stores, pass_roots) in enumerate(roots):
-            needed = self.closure(pass_roots, full_nodes, frozenset(cached))
+            needed = closure(pass_roots, full_nodes, frozenset(cached))
             reads = {n: cached[n] for n in needed if n in cached}
             writes = {}
             if red_total <= ROW_CACHE_MAX:
                 later = set()
                 for _, _, later_roots in roots[p + 1:]:
-                    later |= set(self.closure(later_roots, full_nodes, frozenset(cached)))
+                    later |= set(closure(later_roots, full_nodes, frozenset(cached)))
                 for node in needed:
                     if node in cached or node not in later or len(plan["buffers"]) >= ROW_CACHE_BUFFERS:
                         continue

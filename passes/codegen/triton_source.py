@@ -25,7 +25,7 @@ import torch
 import torch.fx
 
 from pipeline.fused import REDUCTIONS, meta_of, packet_name
-from pipeline.loops import LoopNest
+from pipeline.loops import LoopNest, closure
 
 from .triton_ops import (BIG, SIGNATURE_TYPES, accumulator_init, accumulator_update, cast, compute_type,
                          helper_source, literal, load_cast, pointwise_expr, reduce_tile, round_to, store_cast,
@@ -418,20 +418,6 @@ class TritonWriter:
             self.finish_block(depth, node, f"acc_{n}", index=f"idx_{n}", valid=f"(idx_{n} != {BIG})")
         else:
             self.finish_block(depth, node, f"acc_{n}", masked=False, nan_flags=f"nan_{n}")
-
-
-def closure(roots: list, full_nodes: list) -> list:
-    """Full-level nodes needed to compute ``roots``, in graph order."""
-    full = set(full_nodes)
-    needed: set = set()
-    stack = [r for r in roots if r in full]
-    while stack:
-        node = stack.pop()
-        if node in needed:
-            continue
-        needed.add(node)
-        stack.extend(a for a in node.all_input_nodes if a in full)
-    return [n for n in full_nodes if n in needed]
 
 
 def kernel_source(nest: LoopNest, name: str, *, emulate_precision: bool = True,

@@ -1,0 +1,30 @@
+"""Small functions several test modules compile: reductions with a prologue/epilogue (each should
+become one kernel) and a data-dependent branch (one graph break)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def softmax(x):
+    return torch.softmax(x, -1)
+
+
+def log_softmax(x):
+    return torch.log_softmax(x, -1)
+
+
+def layer_norm(x, w, b):
+    return F.layer_norm(x, (x.shape[-1],), w, b)
+
+
+def rms_norm(x, w):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+
+def branchy(x):
+    """Two graphs and one graph break: ``.item()`` decides the branch."""
+    y = torch.sin(x) * 2
+    if y.sum().item() > 0:
+        return y.cos()
+    return y.tanh()
