@@ -3,6 +3,7 @@ plans, in one run. Prints a table; writes JSON (and a PNG plot when matplotlib i
 
     python benchmarks/gpu_suite.py --out "$OUT" [--only softmax,layernorm] [--skip-autotune]
         [--plans default,max-autotune] [--name gpu]
+    python benchmarks/gpu_suite.py --out "$OUT" --only train --name gpu-train   # GPT-2 6L train step
 
 Per row and variant: median ms per call (CUDA events), host ms per call (CPU time of issuing the
 calls, from perf_counter around calls that are not synchronized: it measures the generated
@@ -115,6 +116,21 @@ def relerr(expected, actual) -> float:
     return float((e - a).norm() / e.norm().clamp_min(1e-30))
 
 
+def fp32_reference(model, inputs):
+    """The output of an fp32 copy of a bf16/fp16 module (None for anything else)."""
+    if not isinstance(model, torch.nn.Module):
+        return None
+    dtypes = {p.dtype for p in model.parameters()}
+    if not dtypes & {torch.bfloat16, torch.float16}:
+        return None
+    import copy
+    reference = copy.deepcopy(model).float()
+    out = first_tensor(reference(*inputs)).float()
+    del reference
+    torch.cuda.empty_cache()
+    return out
+
+
 def first_tensor(out):
     if isinstance(out, torch.Tensor):
         return out
@@ -132,6 +148,9 @@ def main() -> int:
     parser.add_argument("--inductor-modes", default="default,max-autotune-no-cudagraphs,reduce-overhead",
                         help="torch.compile modes to compare (--skip-autotune drops max-autotune ones)")
     parser.add_argument("--name", default="gpu", help="file stem of the JSON and PNG written under --out")
+    parser.add_argument("--train-strategies", default="save-all,recompute-pointwise",
+                        help="partition strategies of our training plan in the GPT-2 train-step row, which "
+                             "runs only when --only names it (--only train): see benchmarks/train_suite.py")
     args = parser.parse_args()
     only = [w for w in args.only.split(",") if w]
     rows = []
@@ -143,6 +162,11 @@ def main() -> int:
             model, inputs = build()
             row: dict = {"workload": name}
             expected = first_tensor(model(*inputs))
+            # bf16 models are also compared with the same model in fp32: bf16 eager itself is off by
+            # about 1e-2 after 12 layers, so "ours vs fp32" next to "eager vs fp32" is the fair check.
+            expected32 = fp32_reference(model, inputs)
+            if expected32 is not None:
+                row["eager_relerr_fp32"] = relerr(expected32, expected)
             compilers = []
             for mode in args.inductor_modes.split(","):
                 if args.skip_autotune and "autotune" in mode:
@@ -160,6 +184,8 @@ def main() -> int:
                     torch.cuda.synchronize()
                     row[f"{label}_compile_s"] = time.perf_counter() - start
                     row[f"{label}_relerr"] = relerr(expected, got)
+                    if expected32 is not None:
+                        row[f"{label}_relerr_fp32"] = relerr(expected32, got)
                     row[f"{label}_ms"] = cuda_time(fn, inputs)
                     row[f"{label}_host_ms"] = host_time(fn, inputs)
                     # later calls take other paths (direct kernel launches, CUDA-graph replays): check them too
@@ -170,6 +196,16 @@ def main() -> int:
                         row[f"{label}_graphs"] = comp.summary()["graph_count"]
                         row[f"{label}_notes"] = [n["message"] for r in comp.graphs for n in r.notes
                                                  if n["pass"] == "codegen"][:12]
+                        # the matmul-template pass: its notes (template and extern times, the decision)
+                        # and how many template kernels the graphs call (known on a cache hit too)
+                        template = [n["message"] for r in comp.graphs for n in r.notes
+                                    if n["pass"] == "matmul-template"]
+                        if template:
+                            row[f"{label}_matmul_template_notes"] = template[:12]
+                        used = sum("matmul template" in k.get("source", "") for r in comp.graphs
+                                   for k in r.contents.get("kernels", []))
+                        row[f"{label}_matmul_template_kernels"] = used
+                        row[f"{label}_matmul_path"] = "template" if used else "extern"
                 except Exception as exc:  # noqa: BLE001 - a failing variant is a row entry, not a crash
                     row[f"{label}_error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
                     traceback.print_exc()
@@ -184,6 +220,13 @@ def main() -> int:
             write_result(args.out, rows, args.name)
             del model, inputs
             torch.cuda.empty_cache()
+    if any("train" in o for o in only):
+        # Training rows: eager, Inductor default and our training plan per partition strategy; step
+        # time, peak step memory and saved-activation bytes (benchmarks/train_suite.py).
+        from train_suite import training_rows
+        for row in training_rows("cuda", strategies=[s for s in args.train_strategies.split(",") if s]):
+            rows.append(row)
+            write_result(args.out, rows, args.name)
     result = write_result(args.out, rows, args.name)
     print_table(result)
     plot(result, Path(args.out) / f"{args.name}.png")

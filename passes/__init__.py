@@ -12,6 +12,7 @@ from pipeline import compat, hookimpl
 
 from .capture import Capture
 from .codegen import Codegen
+from .codegen.matmul_template import MatmulTemplate
 from .constant_fold import ConstantFold
 from .cse import CommonSubexpressionElimination
 from .dce import DeadCodeElimination
@@ -19,10 +20,13 @@ from .decompose import Decompose, core_aten_check
 from .functionalize import Functionalize, mutated_intermediates
 from .pad_mm import PadMatmul
 from .fuse import Fuse
+from .reinplace import Reinplace
 from .cudagraphs import CudaGraphs
+from .partition import Partition
 
 BUILTIN_PASSES = [Capture, Functionalize, Decompose, DeadCodeElimination,
-                  CommonSubexpressionElimination, ConstantFold, PadMatmul, Fuse, Codegen, CudaGraphs]
+                  CommonSubexpressionElimination, ConstantFold, PadMatmul, Fuse, Reinplace, Codegen, MatmulTemplate, CudaGraphs,
+                  Partition]
 
 
 @hookimpl

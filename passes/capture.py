@@ -3,7 +3,7 @@ rest of the plan. ``frontend: dynamo`` uses TorchDynamo (guards, graph breaks, r
 ``frontend: export`` uses ``torch.export`` (one whole graph, no Python fallback)."""
 from __future__ import annotations
 
-import functools
+import warnings
 from typing import Any, Callable, Literal
 
 import attrs
@@ -29,6 +29,11 @@ class CaptureOptions:
     stance: Literal["default", "force_eager", "eager_on_recompile", "fail_on_recompile"] = option(
         "default", "torch.compiler stance applied to every call of the compiled model.")
     strict: bool = option(False, "export only: use strict (Dynamo-based) export tracing.")
+    regions: list[str] = option(
+        [], "dynamo only: regional compilation. Classes of repeated blocks (full name such as "
+            "transformers.models.gpt2.modeling_gpt2.GPT2Block, or the bare class name): each block instance "
+            "runs through one compiled function per class, so the block is compiled once and reused by every "
+            "instance that passes the same guards; the rest of the model runs eagerly (docs/caching.md).")
 
 
 class Capture(CapturePass):
@@ -41,6 +46,9 @@ class Capture(CapturePass):
 
     def capture(self, fn: Callable, compile_graph: GraphCompiler, context: CaptureContext) -> Callable:
         if self.options.frontend == "export":
+            if self.options.regions:
+                raise PipelineError("capture.regions (regional compilation) works with frontend: dynamo only; "
+                                    "remove regions or use frontend: dynamo.")
             return _ExportRunner(fn, compile_graph, context, self.options)
         return self._capture_dynamo(fn, compile_graph, context)
 
@@ -57,24 +65,36 @@ class Capture(CapturePass):
             failures_seen = compat.guard_failure_counts()
             return compile_graph(gm, example_inputs)
 
-        target = _module_caller(fn) if isinstance(fn, torch.nn.Module) else fn
-        optimized = compat.dynamo_compile(target, backend, fullgraph=opts.fullgraph, dynamic=opts.dynamic)
+        if opts.regions:
+            from .regions import RegionalRunner
+            optimized = RegionalRunner(fn, opts.regions, lambda region: compat.dynamo_compile(
+                region, backend, fullgraph=opts.fullgraph, dynamic=opts.dynamic))
+        else:
+            target = _module_caller(fn) if isinstance(fn, torch.nn.Module) else fn
+            optimized = compat.dynamo_compile(target, backend, fullgraph=opts.fullgraph, dynamic=opts.dynamic)
         unsupported = compat.unsupported_error_types()
         refused = compat.recompile_error_types()
         backend_failed = compat.backend_failure_types()
-        apply = functools.partial(compat.apply_dynamo_settings, recompile_limit=opts.recompile_limit,
-                                  fail_on_limit=opts.on_recompile_limit == "error")
+
+        def apply() -> None:
+            # The plan's declared shape buckets (context.planned_variants) are variants on purpose.
+            compat.apply_dynamo_settings(recompile_limit=opts.recompile_limit + context.planned_variants,
+                                         fail_on_limit=opts.on_recompile_limit == "error")
+
         if opts.stance != "default":
             inner = optimized
 
             def optimized(*args: Any, **kwargs: Any) -> Any:
+                if compat.current_stance() != "default":   # a stance the caller set wins over the plan's
+                    return inner(*args, **kwargs)
                 with compat.stance(opts.stance):
                     return inner(*args, **kwargs)
 
         def run(*args: Any, **kwargs: Any) -> Any:
             apply()
+            hits = compat.recompile_limit_hit_count()
             try:
-                return optimized(*args, **kwargs)
+                out = optimized(*args, **kwargs)
             except PipelineError:
                 raise
             except backend_failed as exc:
@@ -92,6 +112,13 @@ class Capture(CapturePass):
                 if compat.is_refused_recompile(exc):
                     raise RecompileError(_recompile_message(exc, opts)) from None
                 raise
+            if compat.recompile_limit_hit_count() != hits:   # on_recompile_limit: warn, and Dynamo gave up
+                for hit in compat.recompile_limit_hits(hits):
+                    warnings.warn(f"pipeline: capture hit its recompile limit (capture.recompile_limit "
+                                  f"{opts.recompile_limit}, on_recompile_limit: warn), so new variants run "
+                                  f"eagerly: {hit}. Raise the limit, declare shape buckets, or make the "
+                                  f"changing dimension dynamic.", stacklevel=3)
+            return out
 
         return run
 
@@ -135,7 +162,7 @@ def _graph_break_message(exc: BaseException) -> str:
 
 def _recompile_message(exc: BaseException, opts: CaptureOptions) -> str:
     text = " ".join(str(exc).split())
-    return (f"capture refused to recompile (stance '{opts.stance}', recompile_limit {opts.recompile_limit}): "
+    return (f"capture refused to recompile (recompile_limit {opts.recompile_limit}): "
             f"{text}. A guard failed for a new input; declare the changing dimension dynamic "
             f"(capture.dynamic or torch._dynamo.mark_dynamic), pass changing scalars as tensors, or "
             f"raise capture.recompile_limit.")
@@ -153,8 +180,14 @@ class _ExportRunner:
         self.opts = opts
         self.variants: dict[tuple, Callable] = {}
 
+    def stance(self) -> str:
+        """The stance in force: one set by the caller (``pipeline.stance``, ``shapes.after_warmup``)
+        wins over the plan's ``capture.stance``, as under Dynamo."""
+        current = compat.current_stance()
+        return current if current != "default" else self.opts.stance
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.opts.stance == "force_eager":
+        if self.stance() == "force_eager":
             return self.fn(*args, **kwargs)
         if torch.is_grad_enabled() and _wants_grad(self.fn, args, kwargs):
             raise PipelineError(
@@ -174,12 +207,13 @@ class _ExportRunner:
     def _compile(self, key: tuple, args: tuple, kwargs: dict, flat: list) -> Callable | None:
         if self.variants:
             reason = "input metadata changed: " + _describe_change(next(iter(self.variants)), key)
-            if self.opts.stance == "fail_on_recompile":
+            stance = self.stance()
+            if stance == "fail_on_recompile":
                 raise RecompileError(f"capture (export) refused to recompile under stance "
                                      f"'fail_on_recompile': {reason}")
-            if self.opts.stance == "eager_on_recompile":
+            if stance == "eager_on_recompile":
                 return None
-            if len(self.variants) >= self.opts.recompile_limit:
+            if len(self.variants) >= self.opts.recompile_limit + self.context.planned_variants:
                 message = (f"capture (export) hit recompile_limit {self.opts.recompile_limit}: {reason}")
                 if self.opts.on_recompile_limit == "error":
                     raise RecompileError(message)

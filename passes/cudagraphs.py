@@ -29,7 +29,7 @@ import attrs
 import torch
 import torch.fx
 
-from pipeline import Pass, PassContext, option, positive
+from pipeline import Pass, PassContext, compat, option, positive
 from pipeline.errors import PipelineError
 from pipeline.fused import meta_of
 
@@ -94,8 +94,28 @@ def mutated_inputs(graph: torch.fx.GraphModule) -> list[int]:
             schema = node.target._schema
             for arg, value in zip(schema.arguments, node.args):
                 if arg.alias_info is not None and arg.alias_info.is_write and isinstance(value, torch.fx.Node):
+                    while compat.is_view_op(getattr(value, "target", None)):   # a write into a view of an input
+                        value = value.args[0]
                     written.add(value)
     return [i for i, p in enumerate(placeholders) if p in written]
+
+
+def clone_output(value: torch.Tensor) -> torch.Tensor:
+    """A copy with the same sizes and strides. A strided output that nearly fills its memory span (a
+    matmul result sliced back from padded columns) is copied as that whole span, one dense and
+    vectorized copy, instead of element by element."""
+    if value.is_contiguous() or value.numel() == 0 or any(s < 0 for s in value.stride()):
+        return value.clone()
+    reach = 1
+    for stride, size in sorted((s, n) for s, n in zip(value.stride(), value.shape) if n > 1):
+        if stride < reach:                  # overlapping or interleaved dimensions
+            return value.clone()
+        reach = stride * size
+    span = 1 + sum((n - 1) * s for n, s in zip(value.shape, value.stride()))
+    if span > value.numel() * 1.25:
+        return value.clone()
+    flat = value.as_strided((span,), (1,)).clone()
+    return flat.as_strided(value.shape, value.stride())
 
 
 _pools: dict[int, Any] = {}
@@ -163,7 +183,7 @@ class CudaGraphRunner:
                 args[index].copy_(self.buffers[index])
         self.replays += 1
         if self.options.clone_outputs:
-            return tuple(o.clone() if isinstance(o, torch.Tensor) else o for o in self.outputs)
+            return tuple(clone_output(o) if isinstance(o, torch.Tensor) else o for o in self.outputs)
         return self.outputs
 
     def _skip(self, reason: str, args: tuple) -> Any:

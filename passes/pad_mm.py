@@ -3,7 +3,10 @@
 cuBLAS picks slow legacy kernels when a leading dimension is misaligned (GPT-2's 50257-word
 vocabulary sends its LM head to an sm75-era kernel on the H200, 3.4 ms instead of 0.4 ms). This pass
 zero-pads the K and N dimensions of ``mm``/``addmm``/``bmm`` to a multiple and slices the result
-back; when the sliced result leaves the graph it is made contiguous, so callers see eager's layout.
+back. A transposed weight (``linear``'s ``weight.t()``) is padded in its own layout, then transposed:
+a dense copy, where padding the transposed view is a transposing copy ten times slower on the H200.
+A matmul result that is itself a graph output is made contiguous; a result reshaped on its way out
+keeps the padded row stride (as Inductor's padded matmuls do), saving a copy of the whole output.
 """
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ class PadMatmul(Pass):
 
     name = "pad-mm"
     Options = PadMmOptions
-    version = "1"
+    version = "2"
     requires = frozenset({"aten"})
 
     def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
@@ -64,9 +67,7 @@ class PadMatmul(Pass):
             with graph.graph.inserting_before(node):
                 if pad_k:
                     a = graph.graph.call_function(aten.constant_pad_nd.default, (a, [0, pad_k]))
-                    b = graph.graph.call_function(aten.constant_pad_nd.default, (b, [0, 0, 0, pad_k]))
-                if pad_n:
-                    b = graph.graph.call_function(aten.constant_pad_nd.default, (b, [0, pad_n]))
+                b = _pad_operand(graph.graph, b, pad_k, pad_n)
                 if has_bias:
                     bias = node.args[0]
                     if pad_n:
@@ -92,6 +93,29 @@ class PadMatmul(Pass):
             return graph
         graph = finish(graph)
         return _with_metadata(graph, context)
+
+
+def _transposed_source(node: torch.fx.Node) -> torch.fx.Node | None:
+    """``w`` when ``node`` is the transpose of a 2-D ``w`` (a linear layer's ``weight.t()``)."""
+    if node.op != "call_function" or meta_of(node) is None or meta_of(node).dim() != 2:
+        return None
+    if node.target is aten.t.default or (node.target is aten.permute.default and list(node.args[1]) == [1, 0]) \
+            or (node.target is aten.transpose.int and sorted(a % 2 for a in node.args[1:3]) == [0, 1]):
+        return node.args[0]
+    return None
+
+
+def _pad_operand(graph: torch.fx.Graph, b: torch.fx.Node, pad_k: int, pad_n: int) -> torch.fx.Node:
+    """``b`` (K x N) zero-padded by ``pad_k`` rows and ``pad_n`` columns. A transposed weight is
+    padded in its own layout and transposed again: a dense copy the size of the weight, where
+    padding the transposed view would be a slow transposing copy."""
+    if not (pad_k or pad_n):
+        return b
+    source = _transposed_source(b)
+    if source is not None:
+        padded = graph.call_function(aten.constant_pad_nd.default, (source, [0, pad_k, 0, pad_n]))
+        return graph.call_function(aten.permute.default, (padded, [1, 0]))
+    return graph.call_function(aten.constant_pad_nd.default, (b, [0, pad_n, 0, pad_k]))
 
 
 def _with_metadata(graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:

@@ -9,14 +9,16 @@ from typing import Any
 import torch
 
 from .compilation import Compilation
+from .errors import PlanError, did_you_mean
 from .plan import Plan, load_plan
 from .registry import get_registry
+from .serving import planned_variants, serve
 
 _ATTR = "__pipeline_compilation__"
 
 
 def compile_with_plan(model: Any, plan: Any = "default", *, report: bool | str | os.PathLike | None = None,
-                      **overrides: Any) -> Any:
+                      mode: str | None = None, **overrides: Any) -> Any:
     """Compile ``model`` (an ``nn.Module`` or a function) with ``plan``.
 
     ``plan`` is a built-in or plugin plan name (``"debug"``), a path to a YAML file, a dict in the
@@ -29,19 +31,43 @@ def compile_with_plan(model: Any, plan: Any = "default", *, report: bool | str |
     and ``report.html`` there after every call that compiled something. ``PIPELINE_REPORT_DIR``
     does the same for every compile without changing code.
 
+    ``mode`` takes torch.compile's mode names as aliases of built-in plans (:data:`MODES`):
+    ``compile_with_plan(model, mode="reduce-overhead")`` is ``compile_with_plan(model,
+    "reduce-overhead")``; give either ``mode`` or ``plan``, not both.
+
     For a module the result is a shallow copy of it whose calls run compiled graphs: it is an
     instance of the same class, has the same state-dict keys (no ``_orig_mod.`` prefix), and shares
     parameters, buffers and submodules with ``model`` (updates to either are seen by both).
     """
+    if mode is not None:
+        plan = plan_for_mode(mode, plan)
     resolved = load_plan(plan, overrides or None)
     return compile_under(model, Compilation(resolved, get_registry(), report=report))
+
+
+MODES = {"default": "default", "reduce-overhead": "reduce-overhead", "max-autotune": "max-autotune",
+         "max-autotune-no-cudagraphs": "max-autotune-no-cudagraphs"}
+"""torch.compile's ``mode=`` names and the built-in plans they stand for."""
+
+
+def plan_for_mode(mode: str, plan: Any = "default") -> str:
+    """The built-in plan a torch.compile ``mode`` name stands for; ``plan`` must be left at its
+    default (a plan and a mode together would be ambiguous)."""
+    if mode not in MODES:
+        raise PlanError(f"unknown mode '{mode}'{did_you_mean(str(mode), MODES)}; modes are torch.compile's "
+                        f"names for built-in plans ({', '.join(MODES)})")
+    if not (isinstance(plan, str) and plan == "default"):
+        raise PlanError(f"give a plan or a mode, not both (mode '{mode}' is the plan '{MODES[mode]}')")
+    return MODES[mode]
 
 
 def compile_under(model: Any, compilation: Compilation) -> Any:
     """Wrap ``model`` so its calls compile and run under ``compilation`` (what
     :func:`compile_with_plan` does once it has loaded the plan; ``bisect`` uses it with fuel)."""
-    runner = compilation.capture.instance.capture(model, compilation.compile_graph,
-                                                  compilation.capture_context())
+    context = compilation.capture_context()
+    context.planned_variants = planned_variants(compilation.plan.shapes)
+    runner = compilation.capture.instance.capture(model, compilation.compile_graph, context)
+    runner = serve(runner, model, compilation)   # the plan's shape buckets, warm-up and stance
     after_call = compilation.after_call
     after_failure = compilation.after_failure
 
@@ -91,4 +117,4 @@ def plan_of(compiled: Any) -> Plan:
     return compilation_of(compiled).plan
 
 
-__all__ = ["compile_with_plan", "compile_under", "compilation_of", "plan_of"]
+__all__ = ["compile_with_plan", "compile_under", "compilation_of", "plan_of", "plan_for_mode", "MODES"]

@@ -1,5 +1,6 @@
 """The ``pipeline`` command: inspect passes, validate/resolve/diff plans, run the demo, open
-compile reports, bisect a miscompile to its pass, and replay or minimize reproducers."""
+compile reports, bisect a miscompile to its pass, replay or minimize reproducers, and save, load
+or show portable compile artifacts."""
 from __future__ import annotations
 
 import argparse
@@ -164,6 +165,21 @@ def _cmd_repro(args: argparse.Namespace) -> int:
     return 1
 
 
+def _cmd_artifacts(args: argparse.Namespace) -> int:
+    from .artifacts import describe_artifacts, load_artifacts, save_artifacts
+    from .cache import cache_root
+    if args.artifacts_command == "save":
+        source = cache_root(args.cache_dir)
+        manifest = save_artifacts(source, args.bundle)
+        print(f"saved every compiled graph in {source} to {manifest.parent}")
+    elif args.artifacts_command == "load":
+        done = load_artifacts(args.bundle, args.cache_dir)
+        print(f"loaded {done['entries']} compiled graph(s) and {done['files']} kernel file(s) into {done['cache']}")
+    else:
+        print(describe_artifacts(args.bundle))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``pipeline`` command's argument parser, one sub-command per task."""
     parser = argparse.ArgumentParser(prog="pipeline", description=__doc__)
@@ -211,6 +227,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="folder for the minimized reproducer (default: DIR/minimized)")
     p.add_argument("--max-checks", type=int, default=400, help="most replays the minimizer may run")
     p.set_defaults(func=_cmd_repro)
+    artifacts = sub.add_parser("artifacts", help="bundle compiled graphs for another process or machine, or load a bundle")
+    artifacts_sub = artifacts.add_subparsers(dest="artifacts_command", required=True)
+    for name, text in (("save", "bundle every compiled graph of a cache folder (with its kernel files) into BUNDLE"),
+                       ("load", "check BUNDLE against this machine's versions and device, then copy it into the cache"),
+                       ("show", "list a bundle's graphs, what made them, and whether they load here")):
+        p = artifacts_sub.add_parser(name, help=text)
+        p.add_argument("bundle", help="the bundle folder")
+        if name != "show":
+            p.add_argument("--cache-dir", default=None,
+                           help="cache folder (default: $PIPELINE_CACHE_DIR or the per-user default)")
+        p.set_defaults(func=_cmd_artifacts)
     return parser
 
 

@@ -4,6 +4,7 @@ release should be a change to this file alone."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
@@ -117,6 +118,11 @@ def op_name(target: Any) -> str:
     return f"{module}.{getattr(target, '__name__', repr(target))}".lstrip(".")
 
 
+def is_view_op(target: Any) -> bool:
+    """True for ATen operators whose result aliases their first argument (select, slice, view...)."""
+    return isinstance(target, torch._ops.OpOverload) and bool(getattr(target, "is_view", False))
+
+
 def is_mutating(target: Any) -> bool:
     """True for operators that write into an argument (in-place and out= variants)."""
     schema = getattr(target, "_schema", None)
@@ -167,6 +173,71 @@ def stance(name: str):
     return torch.compiler.set_stance(name)
 
 
+class ReusableStance:
+    """A context manager applying one stance, cheap to enter on every call of a compiled model
+    (``torch.compiler.set_stance`` builds its state anew each time). Not re-entrant: one per
+    caller, entered by one thread at a time."""
+
+    def __init__(self, name: str):
+        from torch._dynamo import eval_frame
+        self._set = eval_frame._set_stance
+        self._stance = eval_frame.DynamoStance(name)
+        self._prior: Any = None
+
+    def __enter__(self) -> None:
+        self._prior = self._set(self._stance)
+
+    def __exit__(self, *exc: Any) -> None:
+        self._set(self._prior)
+
+
+STANCES = ("default", "force_eager", "eager_on_recompile", "fail_on_recompile", "eager_then_compile",
+           "aot_eager_then_compile")
+
+
+def current_stance() -> str:
+    """The torch.compiler stance in force now (``"default"`` unless someone set another)."""
+    from torch._dynamo import eval_frame
+    return str(getattr(getattr(eval_frame, "_stance", None), "stance", "default"))
+
+
+_limit_hits: list[str] = []
+_limit_filter_installed = False
+
+
+def _record_limit_hit(record: Any) -> bool:
+    """A logging filter on Dynamo's convert_frame logger: remember each "hit config.recompile_limit"
+    warning (Dynamo says nothing else when it gives up compiling a function), let it through."""
+    message = record.msg if isinstance(record.msg, str) else ""
+    if "hit config." in message:
+        text = record.getMessage().splitlines()
+        _limit_hits.append(" ".join(line.strip() for line in text[:3]))
+    return True
+
+
+def max_variants_per_function() -> int:
+    """Dynamo's ceiling on compiled variants of one function, whatever its recompile limit
+    (``accumulated_recompile_limit``)."""
+    return int(getattr(torch._dynamo.config, "accumulated_recompile_limit", 256))
+
+
+def recompile_limit_hit_count() -> int:
+    """How many times Dynamo has hit a recompile limit in this process (see
+    :func:`recompile_limit_hits`); cheap enough to read around every call."""
+    global _limit_filter_installed
+    if not _limit_filter_installed:
+        import logging
+        logging.getLogger("torch._dynamo.convert_frame").addFilter(_record_limit_hit)
+        _limit_filter_installed = True
+    return len(_limit_hits)
+
+
+def recompile_limit_hits(since: int = 0) -> list[str]:
+    """Dynamo's own text for each recompile-limit hit after the first ``since`` (limit, function,
+    last guard failure)."""
+    return list(_limit_hits[since:])
+
+
 def graph_break_counts() -> dict[str, int]:
     """Dynamo's running count of graph breaks by reason (process-wide)."""
     from torch._dynamo.utils import counters
@@ -209,19 +280,110 @@ def reset_dynamo() -> None:
 
 # -- AOTAutograd -------------------------------------------------------------------------------
 def aot_compile(gm: torch.fx.GraphModule, example_inputs: list, *, forward: Callable,
-                backward: Callable) -> Callable:
+                backward: Callable, partition: Callable | None = None,
+                inference: Callable | None = None) -> Callable:
     """Trace the joint forward/backward graph with AOTAutograd and compile each half with the
-    given compilers (``compiler(graph, example_inputs) -> callable taking *args``)."""
+    given compilers (``compiler(graph, example_inputs) -> callable taking *args``).
+    ``inference`` compiles the graph instead when AOTAutograd finds that no output needs a
+    gradient after all (then there is no joint graph and no backward).
+
+    ``partition(joint, flat_inputs, num_primals, num_forward_outputs) -> (forward, backward)``
+    replaces torch's default partitioner. ``joint`` takes its inputs flat (primals, then
+    tangents; placeholders named ``primals_N`` and ``tangents_N``) and returns the forward's
+    outputs followed by one gradient (or None) per primal. The halves follow AOTAutograd's
+    contract: the forward takes the primals and returns its outputs, then the tensors saved for
+    the backward, then saved SymInts; the backward takes the saved SymInts, the saved tensors,
+    then every tangent, and returns one gradient (or None) per primal."""
     from torch._functorch.aot_autograd import aot_module_simplified
     from torch._functorch._aot_autograd.utils import make_boxed_func
 
     def boxed(compiler: Callable) -> Callable:
         def compile_boxed(graph: torch.fx.GraphModule, inputs: list) -> Callable:
-            return make_boxed_func(compiler(graph, list(inputs)))
+            # AOTAutograd calls its compilers inside its fake mode; ours run as the inference
+            # path does, outside it (passes enter the fake mode of their example inputs).
+            with real_tensors():
+                return make_boxed_func(compiler(graph, list(inputs)))
         return compile_boxed
 
+    extra: dict = {}
+    if partition is not None:
+        def partition_fn(joint: torch.fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int,
+                         **_: Any) -> tuple:
+            flat = list(torch.utils._pytree.tree_leaves(joint_inputs))
+            # AOTAutograd's joint takes ([primals], [tangents]) through a pytree calling
+            # convention; passes see (and re-trace) a graph that takes its inputs flat.
+            joint.graph._codegen = torch.fx.graph.CodeGen()
+            joint.recompile()
+            return partition(joint, flat, len(joint_inputs[0]), num_fwd_outputs)
+        extra["partition_fn"] = partition_fn
+    if inference is not None and "inference_compiler" in inspect.signature(aot_module_simplified).parameters:
+        extra["inference_compiler"] = boxed(inference)
     return aot_module_simplified(gm, example_inputs, fw_compiler=boxed(forward),
-                                 bw_compiler=boxed(backward), keep_inference_input_mutations=True)
+                                 bw_compiler=boxed(backward), keep_inference_input_mutations=True,
+                                 **extra)
+
+
+def rename_placeholders(gm: torch.fx.GraphModule, names: list[str]) -> None:
+    """Give the graph's placeholders these names (and targets), in order: a re-traced joint graph
+    gets ``arg0_1``-style names, and torch's partitioners tell primals from tangents by name."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if [n.name for n in placeholders] == list(names):
+        return
+    for node, name in zip(placeholders, names):
+        node.target = name
+        node._rename(name)
+    gm.recompile()
+
+
+def torch_partition(joint: torch.fx.GraphModule, flat_inputs: list, *, num_primals: int,
+                    num_forward_outputs: int, strategy: str,
+                    memory_budget: float | None = None) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+    """Split a joint graph with one of torch's partitioners: ``default`` (save what the forward
+    computed and the backward reads) or ``min-cut`` (min_cut_rematerialization_partition, which
+    recomputes cheap ops to cut saved bytes; ``memory_budget`` is torch's
+    ``activation_memory_budget``, a fraction of the save-everything activation memory).
+
+    A joint graph our passes re-traced has lost AOTAutograd's forward/backward tags; they are
+    restored from the data flow (forward: what the forward outputs and input updates need)."""
+    from torch._functorch import config as functorch_config
+    from torch._functorch import partitioners
+    _tag_joint(joint, num_forward_outputs)
+    inputs = [flat_inputs[:num_primals], flat_inputs[num_primals:]]
+    if strategy == "default":
+        return partitioners.default_partition(joint, inputs, num_fwd_outputs=num_forward_outputs)
+    if strategy != "min-cut":
+        raise ValueError(f"unknown torch partitioner '{strategy}' (default, min-cut)")
+    patch = {} if memory_budget is None else {"activation_memory_budget": float(memory_budget)}
+    with functorch_config.patch(patch):
+        return partitioners.min_cut_rematerialization_partition(
+            joint, inputs, compiler="inductor", num_fwd_outputs=num_forward_outputs)
+
+
+def _tag_joint(joint: torch.fx.GraphModule, num_forward_outputs: int) -> None:
+    nodes = list(joint.graph.nodes)
+    if any("partitioner_tag" in n.meta for n in nodes if n.op != "output"):
+        return
+    output = nodes[-1]
+    roots = [a for a in output.args[0][:num_forward_outputs] if isinstance(a, torch.fx.Node)]
+    roots += [n for n in nodes if n.op == "call_function" and is_mutating(n.target)
+              and not any(_is_tangent_name(a) for a in n.all_input_nodes)]
+    forward: set = set()
+    stack = list(roots)
+    while stack:
+        node = stack.pop()
+        if node in forward:
+            continue
+        forward.add(node)
+        stack.extend(node.all_input_nodes)
+    for node in nodes:
+        if node.op == "placeholder":
+            node.meta["partitioner_tag"] = "is_backward" if _is_tangent_name(node) else "is_forward"
+        elif node.op != "output":
+            node.meta["partitioner_tag"] = "is_forward" if node in forward else "is_backward"
+
+
+def _is_tangent_name(node: torch.fx.Node) -> bool:
+    return node.op == "placeholder" and "tangents" in str(node.target)
 
 
 # -- torch.export ------------------------------------------------------------------------------

@@ -20,12 +20,15 @@ import torch.fx
 from . import compat
 from .errors import ExpectationError, PassFailure, PipelineError
 from .fused import count_kernels
+from .graph_cache import GraphCache
 from .graph_contents import graph_contents
-from .graph_pass import CaptureContext, Fuel, PassContext
+from .graph_pass import CaptureContext, Fuel, JointGraph, PassContext
 from .instruments import GraphSources, PassTimer, Snapshots, SourceDump, copy_graph
+from .ir import saved_for_backward
 from .logs import get_logger
 from .manager import BoundPass, PassManager
-from .plan import Plan
+from .plan import Plan, role_pipeline
+from .progress import Progress
 from .registry import Registry
 from .verification import FirstCallVerifier
 
@@ -51,6 +54,8 @@ class GraphRecord:
     contents: dict = attrs.field(factory=dict)   # kernels, eager_groups, extern_calls (graph_contents)
     sources: list = attrs.field(factory=list)    # {"stage", "code"}: as captured, then after each pass
     reproducer: str | None = None
+    cache: dict = attrs.field(factory=dict)      # the compile cache's outcome (graph_cache.Probe.summary)
+    saved: dict | None = None   # backward graphs: what the forward saved for it (ir.saved_for_backward)
 
 
 class Compilation:
@@ -64,8 +69,12 @@ class Compilation:
         self.graph_breaks: list[str] = []
         self.captures: list[dict] = []   # what Dynamo said about each captured graph (compat.capture_details)
         self.recompiles: list[str] = []
+        self.warmup: dict | None = None   # what warm-up of the plan's shape buckets did (pipeline.serving)
+        self.serving: Any = None          # the BucketedRunner when the plan declares shapes
         self.compile_seconds = 0.0
         self.fuel = fuel
+        self.cache = GraphCache(plan)
+        self.progress = Progress()
         env_dir = os.environ.get(REPORT_DIR_ENV) or None
         self.report_dir = str(report) if isinstance(report, (str, os.PathLike)) else env_dir
         self.record_sources = bool(report) or self.report_dir is not None
@@ -100,28 +109,80 @@ class Compilation:
         needs_grad = torch.is_grad_enabled() and any(
             isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
         if needs_grad:
+            split = self._split_index()
+            joint_tags: dict = {}   # the tags the joint graph ends with, for both halves
+            partition = None
+            if split is not None:
+                def partition(joint, flat_inputs, num_primals, num_forward_outputs):
+                    return self._partition(joint, flat_inputs, num_primals, num_forward_outputs, graph_id,
+                                           joint_tags)
             return compat.aot_compile(
-                gm, example_inputs,
-                forward=lambda g, ins: self._compile_one(g, ins, f"{graph_id}.forward", "forward"),
-                backward=lambda g, ins: self._compile_one(g, ins, f"{graph_id}.backward", "backward"))
+                gm, example_inputs, partition=partition,
+                inference=lambda g, ins: self._compile_one(g, ins, graph_id, "inference"),
+                forward=lambda g, ins: self._compile_one(g, ins, f"{graph_id}.forward", "forward",
+                                                         tags=joint_tags.get("tags")),
+                backward=lambda g, ins: self._compile_one(g, ins, f"{graph_id}.backward", "backward",
+                                                          tags=joint_tags.get("tags")))
         return self._compile_one(gm, compat.as_fake(list(example_inputs)), graph_id, "inference")
+
+    def _capture_tags(self) -> set[str]:
+        return set(type(self.capture.instance).provided(self.capture.instance.options))
+
+    def _partition(self, joint: torch.fx.GraphModule, flat_inputs: list, num_primals: int,
+                   num_forward_outputs: int, graph_id: str, joint_tags: dict) -> tuple:
+        """AOTAutograd's partition hook: the joint passes, then the split pass (:mod:`.training`)."""
+        from .training import split_training_graph
+        joint_graph = JointGraph(module=joint, example_inputs=flat_inputs, num_primals=num_primals,
+                                 num_forward_outputs=num_forward_outputs)
+        passes, _ = self._role_passes("joint")
+        split = self.graph_passes[self._split_index() - 1]
+        return split_training_graph(self, joint_graph, passes, split, f"{graph_id}.joint", joint_tags)
+
+    def _split_index(self) -> int | None:
+        """Plan position of the pass that splits training graphs (a ``SplitPass``), if any."""
+        return next((i + 1 for i, b in enumerate(self.graph_passes) if type(b.instance).stage == "split"), None)
+
+    def _role_passes(self, role: str) -> tuple[list[BoundPass], list[int]]:
+        """The graph passes that run on a graph of ``role`` and their plan positions; the halves of
+        a training graph run only those after the split pass (the rest ran on the joint graph)."""
+        stages = [type(b.instance).stage for b in (self.capture, *self.graph_passes)]
+        positions = role_pipeline(self.plan.passes, stages, role)
+        split = self._split_index()
+        if role in ("forward", "backward") and split is not None:
+            positions = [p for p in positions if p > split]
+        return [self.graph_passes[p - 1] for p in positions], positions
 
     def _graph_count(self) -> int:
         return len({r.graph_id.split(".")[0] for r in self.graphs})
 
     def _compile_one(self, gm: torch.fx.GraphModule, example_inputs: list, graph_id: str,
-                     role: str) -> Callable:
+                     role: str, *, tags: set | None = None) -> Callable:
+        """``tags``: what the graph already has (a training half: what the joint graph ended with)."""
         start = time.perf_counter()
         record = GraphRecord(graph_id=graph_id, role=role, nodes_in=len(gm.graph.nodes))
+        if role == "backward":
+            record.saved = saved_for_backward(gm)
         self.graphs.append(record)
         plan = self.plan
+        passes, positions = self._role_passes(role)
         original = copy_graph(gm) if (plan.verify != "off" or plan.on_error == "eager") else gm
         context = PassContext(graph_id=graph_id, target=self._target(example_inputs),
                               example_inputs=example_inputs, plan=plan, role=role,
-                              tags=set(type(self.capture.instance).provided(self.capture.instance.options)),
+                              tags=set(tags) if tags is not None else self._capture_tags(),
                               fuel=self.fuel, record=record)
+        probe, cached, recorded = self.cache.lookup(
+            gm, example_inputs, plan=plan, passes=[self.capture, *passes], role=role,
+            target=context.target, graph_id=graph_id, bypass=self._cache_bypass())
+        record.cache = probe.summary()
+        if cached is not None:
+            context.notes.extend(recorded.get("notes", []))
+            context.tags = set(recorded.get("tags", []))
+            context.notes.append({"pass": None, "topic": "cache", "message":
+                                  f"cache hit: rebuilt from {probe.reason} in {probe.seconds * 1e3:.1f} ms, no pass ran"})
+            if self.record_sources:
+                record.sources = [{"stage": "captured", "code": gm.code}, {"stage": "from cache", "code": cached.code}]
         snapshots = Snapshots() if plan.verify == "each" else None
-        instruments: list = [PassTimer(record)]
+        instruments: list = [PassTimer(record), self.progress.for_graph(graph_id, len(passes), self.compile_seconds)]
         if snapshots is not None:
             instruments.append(snapshots)
         if self.record_sources:
@@ -129,20 +190,27 @@ class Compilation:
         dump_dir = os.environ.get("PIPELINE_DUMP_DIR")
         if dump_dir:
             instruments.append(SourceDump(dump_dir))
-        manager = PassManager(self.graph_passes, registry=self.registry,
+        manager = PassManager(passes, registry=self.registry,
                               plugin_manager=self.registry.plugin_manager(instruments),
                               check_invariants=plan.verify != "off")
         try:
-            final = manager.run(gm, context)
+            final = cached if cached is not None else manager.run(gm, context)
         except PipelineError as exc:
             if isinstance(exc, PassFailure) and snapshots is not None:
                 done = len(snapshots.items)   # the failing pass is graph pass number `done`
                 exc = self._with_reproducer(exc, record, snapshots.items[-1][1] if done else original,
-                                            done + 1, example_inputs, context)
+                                            positions[min(done, len(positions) - 1)], example_inputs, context)
             return self._fail(exc, record, original, start)
         finally:
             record.notes = context.notes      # shared: run-time decisions (cudagraphs) land here too
             record.tags = sorted(context.tags)
+        if cached is None:
+            self.cache.store(probe, final, target=context.target,
+                             record={"notes": list(context.notes), "tags": sorted(context.tags)})
+            record.cache = probe.summary()
+            if probe.status != "off":
+                context.notes.append({"pass": None, "topic": "cache", "message":
+                                      f"cache {probe.status}{' (stored)' if probe.stored else ''}: {probe.reason}"})
         record.final_code = final.code
         record.kernels = count_kernels(final)
         record.contents = graph_contents(final)
@@ -153,9 +221,9 @@ class Compilation:
         if plan.verify == "off":
             return final.forward
         if snapshots is not None:
-            steps = [(name, graph, index + 1) for index, (name, graph) in enumerate(snapshots.items)]
+            steps = [(name, graph, positions[index]) for index, (name, graph) in enumerate(snapshots.items)]
         else:
-            last = len(plan.passes) - 1
+            last = positions[-1] if positions else len(plan.passes) - 1
             steps = [(plan.passes[last].name, final, last)]
         plugins = {b.name: str(b.plugin) for b in self.graph_passes}
         record.verified = "pending first call"
@@ -163,6 +231,17 @@ class Compilation:
         return FirstCallVerifier(original=original, steps=steps, compiled=final.forward, record=record,
                                  plugins=plugins, on_error=plan.on_error, plan=plan, tags=tags,
                                  target=context.target)
+
+    def _cache_bypass(self) -> str | None:
+        """Why this compile must run the passes even when the cache holds the graph (debugging modes
+        that observe or limit the passes), or None."""
+        if self.plan.verify == "each":
+            return "verify: each checks the graph after every pass"
+        if self.fuel is not None:
+            return "bisect limits the passes' rewrites"
+        if os.environ.get("PIPELINE_DUMP_DIR"):
+            return "PIPELINE_DUMP_DIR dumps the graph after every pass"
+        return None
 
     def _with_reproducer(self, exc: PassFailure, record: GraphRecord, received: torch.fx.GraphModule,
                          position: int, example_inputs: list, context: PassContext) -> PassFailure:
@@ -283,7 +362,7 @@ class Compilation:
         """What the plan's ``expect:`` limits are checked against, by expectation key."""
         return {
             "max_graph_breaks": len(self.graph_breaks),
-            "max_recompiles": len(self.recompiles),
+            "max_recompiles": len(self.recompiles) - (self.warmup or {}).get("recompiles", 0),
             "max_kernels": sum(r.kernels for r in self.graphs),
             "max_compile_seconds": round(self.compile_seconds, 3),
         }
@@ -317,6 +396,7 @@ class Compilation:
             "graph_count": self._graph_count(),
             "graph_breaks": list(self.graph_breaks),
             "recompiles": list(self.recompiles),
+            "warmup": self.warmup,
             "compile_seconds": self.compile_seconds,
             "fallbacks": [{"graph": r.graph_id, "reason": r.fallback} for r in self.graphs if r.fallback],
         }

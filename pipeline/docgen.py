@@ -22,6 +22,7 @@ import yaml
 
 from .options import OptionInfo, describe, type_name
 from .plan import TOP_LEVEL_KEYS, CacheSettings, Expectations, Plan, load_plan
+from .shapes import ShapeSettings
 from .registry import OWN_DISTRIBUTION, PluginInfo, Registry, get_registry
 
 # What each top-level plan key means. Types and defaults of the keys that are fields of
@@ -38,7 +39,14 @@ _KEY_DOCS: dict[str, tuple[str | None, str]] = {
     "passes": ("list", "The ordered passes. Each entry is a pass name, or one pass name mapped to its "
                        "options (`- decompose: {table: core-aten}`). The first entry must be a capture pass; "
                        "no other may be. Required unless `extends` is given; with `extends` it replaces "
-                       "the parent's whole list."),
+                       "the parent's whole list. An entry may add `on: [roles]` next to the pass name to run "
+                       "it only on graphs of those roles: `inference`, `joint` (a training graph before "
+                       "the split pass, such as `partition`), `forward` and `backward` (its halves after "
+                       "the split). Without `on`, a pass runs on every role its place allows: inference "
+                       "graphs run every pass but the split, training graphs run the passes before the "
+                       "split on the joint graph and those after it on both halves (a plan without a "
+                       "split pass has training graphs split by AOTAutograd's default partitioner first, "
+                       "so every pass runs on the halves). At most one split pass per plan."),
     "options": ("mapping", "Only with `extends`: `{pass name: {option: value}}`, merged into the options "
                            "of the parent's passes of that name (every pass of that name)."),
     "remove": ("list[str]", "Only with `extends`: names of parent passes to drop (every pass of that name)."),
@@ -53,6 +61,9 @@ _KEY_DOCS: dict[str, tuple[str | None, str]] = {
                     "cache that will use them is not built yet."),
     "expect": (None, "What the compile must achieve (table below); checked after every call that compiled "
                      "something."),
+    "shapes": (None, "Declared shape buckets: each bucketed input dimension is padded up to its bucket at call "
+                     "time, warm-up compiles every bucket ahead of serving, and a stance applies after it "
+                     "(section below; docs/serving.md)."),
 }
 
 
@@ -219,6 +230,17 @@ def plan_reference(include_plugins: bool = False, registry: Registry | None = No
         _plain_text(Expectations.__doc__),
         "",
         *_options_table(describe(Expectations)),
+        "",
+        "## `shapes`",
+        "",
+        _plain_text(ShapeSettings.__doc__),
+        "",
+        *_options_table(describe(ShapeSettings)),
+        "",
+        "Under `extends`, the scalars replace the parent's and `axes`, `buckets` and `outputs` merge by "
+        "name (an entry set to `null` removes the parent's; `shapes: null` clears the section). Padding "
+        "appends `pad_value` at the end of each bucketed dimension; a size above the largest bucket is an "
+        "error naming the input, dimension, size and buckets. See docs/serving.md.",
         "",
         "## Plans",
         "",

@@ -85,5 +85,10 @@ class RecompileError(PipelineError):
     """A recompile happened where the plan forbids it (stance ``fail_on_recompile``, or the limit)."""
 
 
+class ShapeError(PipelineError):
+    """A call's input does not fit the plan's declared shape buckets (a size above the largest
+    bucket, dimensions of one axis with different sizes); names the input, dimension and buckets."""
+
+
 class ExpectationError(PipelineError):
     """A plan's ``expect:`` entry was missed; names the expectation and the measured value."""

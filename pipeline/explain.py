@@ -27,6 +27,7 @@ class Explanation:
     recompiles: list[str]
     expected_recompiles: list[str]
     report: dict = attrs.field(repr=False)
+    cache: list[dict] = attrs.field(factory=list)   # per compiled graph: graph, status, reason (compile cache)
 
     @property
     def break_reasons(self) -> list[str]:
@@ -46,6 +47,9 @@ class Explanation:
         for reason in self.recompiles:
             lines.append(f"  recompiled: {reason}")
         lines.extend(f"  would recompile: {text}" for text in self.expected_recompiles)
+        for entry in self.cache:
+            reason = f": {entry['reason']}" if entry["reason"] and entry["status"] != "hit" else ""
+            lines.append(f"  cache {entry['status']} ({entry['graph']}){reason}")
         return "\n".join(lines)
 
 
@@ -66,7 +70,9 @@ def explain(model: Any, *inputs: Any, plan: Any = "default", **overrides: Any) -
     return Explanation(plan=compilation.plan.name, graph_count=report["summary"]["graphs"],
                        graph_breaks=report["graph_breaks"], kernels=kernels, extern_calls=dict(sorted(extern.items())),
                        recompiles=list(compilation.recompiles), expected_recompiles=expected_recompiles(report),
-                       report=report)
+                       report=report,
+                       cache=[{"graph": g["id"], "status": g["compile_cache"].get("status", "off"),
+                               "reason": g["compile_cache"].get("reason", "")} for g in report["graphs"]])
 
 
 def expected_recompiles(report: dict) -> list[str]:

@@ -2,14 +2,21 @@
 arguments, and the graph's tensor constants kept apart (saved with ``torch.save``).
 
 Operators are stored by name (``aten.add.Tensor``, ``_operator:getitem``) and looked up again on
-load, so a saved graph never pickles code. Fused groups are stored with their subgraph. Graphs that
-call modules, generated kernels or other objects that cannot be named raise
-:class:`UnsupportedGraph` (the reproducer then keeps the readable source only)."""
+load, so a saved graph never pickles code. Fused groups are stored with their subgraph.
+
+Other objects a graph calls (generated kernels) are written only when their class opts in to the
+:class:`Describable` protocol, ``to_data(codec)`` / ``from_data(data, codec)``: the data names the
+class by module and qualified name, and loading imports that class from the installed packages
+(never code from the saved file) and lets it rebuild itself. The graph module's own class (a
+``GraphModule`` subclass such as the generated host module) is kept the same way. Graphs that
+call modules or other objects that cannot be described raise :class:`UnsupportedGraph` (the
+reproducer then keeps the readable source only; the compile cache does not store the graph)."""
 from __future__ import annotations
 
+import hashlib
 import importlib
 import math
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.fx
@@ -24,22 +31,99 @@ class UnsupportedGraph(Exception):
     """The graph holds something that cannot be written as data; the message says what."""
 
 
-def graph_to_data(gm: torch.fx.GraphModule) -> tuple[dict, dict[str, torch.Tensor]]:
-    """``(data, constants)``: JSON-ready description of ``gm`` and its tensor attributes."""
-    constants: dict[str, torch.Tensor] = {}
-    data = _graph_data(gm, constants, prefix="")
+class Codec:
+    """What a :class:`Describable` object gets to write and read itself: fused groups (with their
+    subgraphs), shared texts (one copy of a source many kernels refer to) and the cache folder it
+    was configured with (``cache_dir``, None for the default)."""
+
+    def __init__(self, constants: dict[str, torch.Tensor], texts: dict[str, str] | None = None,
+                 cache_dir: str | None = None):
+        self.constants = constants
+        self.texts: dict[str, str] = texts if texts is not None else {}
+        self.cache_dir = cache_dir
+        self.files: list[str] = []
+        self._groups = 0
+
+    def need_file(self, path: str | Any) -> None:
+        """Declare a file (a compiled library, a kernel module) the object needs on disk when it
+        is rebuilt: the compile cache checks its hash before rebuilding, and portable artifacts
+        carry it."""
+        if str(path) not in self.files:
+            self.files.append(str(path))
+
+    def group_to_data(self, group: FusedGroup) -> dict:
+        """Plain data of a fused group and its subgraph (tensor constants kept apart)."""
+        self._groups += 1
+        prefix = f"object{self._groups}.{group.name}."
+        return {"prefix": prefix, **_group_data(group, self.constants, prefix)}
+
+    def group_from_data(self, data: dict) -> FusedGroup:
+        """The fused group :meth:`group_to_data` described."""
+        return _load_group(data, self.constants, data["prefix"])
+
+    def put_text(self, text: str) -> str:
+        """Store ``text`` once; returns the id :meth:`text` reads it back with."""
+        key = hashlib.sha256(text.encode()).hexdigest()[:32]
+        self.texts[key] = text
+        return key
+
+    def text(self, key: str) -> str:
+        """A text stored with :meth:`put_text`."""
+        if key not in self.texts:
+            raise UnsupportedGraph(f"text {key} is missing from the graph data")
+        return self.texts[key]
+
+
+@runtime_checkable
+class Describable(Protocol):
+    """An object a graph calls that can be written as plain data and rebuilt from it (generated
+    kernels opt in with these two methods). ``to_data`` returns JSON-ready data or raises
+    :class:`UnsupportedGraph` saying why it cannot; ``from_data`` rebuilds an equivalent object
+    (reloading a compiled kernel from the kernel cache, compiling it again only if it is gone)."""
+
+    def to_data(self, codec: Codec) -> dict:
+        """JSON-ready data describing this object (groups and shared texts through ``codec``)."""
+        ...
+
+    @classmethod
+    def from_data(cls, data: dict, codec: Codec) -> Any:
+        """An object equivalent to the one :meth:`to_data` described."""
+        ...
+
+
+def graph_to_data(gm: torch.fx.GraphModule, codec: Codec | None = None) -> tuple[dict, dict[str, torch.Tensor]]:
+    """``(data, constants)``: JSON-ready description of ``gm`` and its tensor attributes. With a
+    ``codec``, :class:`Describable` objects are described too and the constants land in
+    ``codec.constants``."""
+    constants: dict[str, torch.Tensor] = codec.constants if codec is not None else {}
+    data = _graph_data(gm, constants, prefix="", codec=codec)
+    # GraphModule.__new__ makes a class per instance: keep the nearest class importable by name.
+    kind = next((c for c in type(gm).__mro__ if issubclass(c, torch.fx.GraphModule) and _importable(c)),
+                torch.fx.GraphModule)
+    if codec is not None and kind is not torch.fx.GraphModule:
+        data["module_class"] = f"{kind.__module__}:{kind.__qualname__}"
     return {"format": FORMAT, **data}, constants
 
 
-def data_to_graph(data: dict, constants: dict[str, torch.Tensor]) -> torch.fx.GraphModule:
+def data_to_graph(data: dict, constants: dict[str, torch.Tensor], codec: Codec | None = None) -> torch.fx.GraphModule:
     """The graph module described by :func:`graph_to_data`'s output."""
     if data.get("format") != FORMAT:
         raise UnsupportedGraph(f"graph data format {data.get('format')!r} is not {FORMAT}")
-    return _build(data, constants, prefix="")
+    gm = _build(data, constants, prefix="", codec=codec)
+    if "module_class" in data:
+        cls = _import(*data["module_class"].split(":", 1))
+        if not (isinstance(cls, type) and issubclass(cls, torch.fx.GraphModule)):
+            raise UnsupportedGraph(f"{data['module_class']} is not a GraphModule class")
+        gm = cls(gm, gm.graph)
+    return gm
+
+
+def _importable(cls: type) -> bool:
+    return _import(cls.__module__, cls.__qualname__) is cls
 
 
 # -- writing -------------------------------------------------------------------------------------
-def _graph_data(gm: torch.fx.GraphModule, constants: dict, prefix: str) -> dict:
+def _graph_data(gm: torch.fx.GraphModule, constants: dict, prefix: str, codec: Codec | None = None) -> dict:
     nodes = []
     for node in gm.graph.nodes:
         entry: dict = {"name": node.name, "op": node.op}
@@ -51,7 +135,7 @@ def _graph_data(gm: torch.fx.GraphModule, constants: dict, prefix: str) -> dict:
             constants[prefix + node.target] = value.detach().clone()
             entry["target"] = node.target
         elif node.op == "call_function":
-            entry["target"] = _target_data(node, constants, prefix)
+            entry["target"] = _target_data(node, constants, prefix, codec)
         elif node.op in ("placeholder", "call_method", "output"):
             entry["target"] = node.target
         else:
@@ -62,7 +146,7 @@ def _graph_data(gm: torch.fx.GraphModule, constants: dict, prefix: str) -> dict:
     return {"nodes": nodes}
 
 
-def _target_data(node: torch.fx.Node, constants: dict, prefix: str) -> dict:
+def _target_data(node: torch.fx.Node, constants: dict, prefix: str, codec: Codec | None = None) -> dict:
     target = node.target
     if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         name = compat.op_name(target)
@@ -70,11 +154,14 @@ def _target_data(node: torch.fx.Node, constants: dict, prefix: str) -> dict:
             raise UnsupportedGraph(f"node {node.name}: operator {name} cannot be looked up by name")
         return {"op": name}
     if isinstance(target, FusedGroup):
-        if not all(isinstance(d, int) for d in target.domain):
-            raise UnsupportedGraph(f"node {node.name}: fused group {target.name} has a symbolic domain")
-        sub = _graph_data(target.subgraph, constants, prefix=f"{prefix}{target.name}.")
-        return {"fused_group": {"name": target.name, "domain": list(target.domain),
-                                "reduced": list(target.reduced), "graph": sub}}
+        return {"fused_group": _group_data(target, constants, f"{prefix}{target.name}.", node.name)}
+    if codec is not None and isinstance(target, Describable) and _importable(type(target)):
+        kind = type(target)
+        try:
+            described = target.to_data(codec)
+        except UnsupportedGraph as exc:
+            raise UnsupportedGraph(f"node {node.name}: {exc}") from None
+        return {"object": {"class": f"{kind.__module__}:{kind.__qualname__}", "data": described}}
     for module, qualname in _names_of(target):
         if _import(module, qualname) is target:
             return {"callable": f"{module}:{qualname}"}
@@ -85,6 +172,18 @@ def _target_data(node: torch.fx.Node, constants: dict, prefix: str) -> dict:
 # are found by name.
 _TORCH_NAMESPACES = ("torch", "torch.nn.functional", "torch._C._nn", "torch._C._linalg",
                      "torch._C._special", "torch._C._fft")
+
+
+def _group_data(group: FusedGroup, constants: dict, prefix: str, where: str = "") -> dict:
+    if not all(isinstance(d, int) for d in group.domain):
+        raise UnsupportedGraph(f"node {where or group.name}: fused group {group.name} has a symbolic domain")
+    sub = _graph_data(group.subgraph, constants, prefix=prefix)
+    return {"name": group.name, "domain": list(group.domain), "reduced": list(group.reduced), "graph": sub}
+
+
+def _load_group(group: dict, constants: dict, prefix: str) -> FusedGroup:
+    sub = _build(group["graph"], constants, prefix=prefix)
+    return FusedGroup(group["name"], sub, tuple(group["domain"]), tuple(group["reduced"]))
 
 
 def _names_of(target: Any) -> list[tuple[str, str]]:
@@ -126,7 +225,7 @@ def _value_data(value: Any, node: torch.fx.Node) -> Any:
 
 
 # -- reading -------------------------------------------------------------------------------------
-def _build(data: dict, constants: dict, prefix: str) -> torch.fx.GraphModule:
+def _build(data: dict, constants: dict, prefix: str, codec: Codec | None = None) -> torch.fx.GraphModule:
     graph = torch.fx.Graph()
     root = torch.nn.Module()
     env: dict[str, torch.fx.Node] = {}
@@ -134,7 +233,7 @@ def _build(data: dict, constants: dict, prefix: str) -> torch.fx.GraphModule:
         op = entry["op"]
         target = entry["target"]
         if op == "call_function":
-            target = _load_target(target, constants, prefix)
+            target = _load_target(target, constants, prefix, codec)
         elif op == "get_attr":
             _set_attr(root, target, constants[prefix + target])
         args = _load_value(entry["args"], env)
@@ -145,7 +244,7 @@ def _build(data: dict, constants: dict, prefix: str) -> torch.fx.GraphModule:
     return torch.fx.GraphModule(root, graph)
 
 
-def _load_target(data: dict, constants: dict, prefix: str) -> Any:
+def _load_target(data: dict, constants: dict, prefix: str, codec: Codec | None = None) -> Any:
     if "op" in data:
         op = compat.resolve_op(data["op"])
         if op is None:
@@ -153,8 +252,15 @@ def _load_target(data: dict, constants: dict, prefix: str) -> Any:
         return op
     if "fused_group" in data:
         group = data["fused_group"]
-        sub = _build(group["graph"], constants, prefix=f"{prefix}{group['name']}.")
-        return FusedGroup(group["name"], sub, tuple(group["domain"]), tuple(group["reduced"]))
+        return _load_group(group, constants, f"{prefix}{group['name']}.")
+    if "object" in data:
+        if codec is None:
+            raise UnsupportedGraph("the graph calls described objects; reading them needs a Codec")
+        described = data["object"]
+        cls = _import(*described["class"].split(":", 1))
+        if not (isinstance(cls, type) and hasattr(cls, "from_data") and hasattr(cls, "to_data")):
+            raise UnsupportedGraph(f"{described['class']} is not an installed class with from_data/to_data")
+        return cls.from_data(described["data"], codec)
     module, qualname = data["callable"].split(":", 1)
     found = _import(module, qualname)
     if found is None:
@@ -215,4 +321,4 @@ def _set_attr(root: torch.nn.Module, target: str, value: torch.Tensor) -> None:
     module.register_buffer(last, value)
 
 
-__all__ = ["graph_to_data", "data_to_graph", "UnsupportedGraph"]
+__all__ = ["graph_to_data", "data_to_graph", "UnsupportedGraph", "Codec", "Describable"]

@@ -78,6 +78,44 @@ class CapturePass(Pass):
         return graph
 
 
+@attrs.define(eq=False)
+class JointGraph:
+    """A training graph before it is split: forward and backward in one ATen graph.
+
+    ``module`` takes its inputs flat: ``num_primals`` primals (the forward's inputs, placeholders
+    named ``primals_N``), then the tangents (``tangents_N``, the gradients of the forward's
+    outputs). It returns the forward's ``num_forward_outputs`` outputs followed by one gradient
+    (or None) per primal. Writes into primals (batch-norm running statistics) are ``copy_`` nodes
+    the forward must keep. ``example_inputs`` are fake tensors, primals then tangents."""
+
+    module: torch.fx.GraphModule
+    example_inputs: list
+    num_primals: int
+    num_forward_outputs: int
+
+
+class SplitPass(Pass):
+    """A pass that splits a training graph in two (``stage = "split"``).
+
+    In a plan, the passes before a split pass run on the joint forward+backward graph (role
+    ``joint``); the split pass turns it into a forward and a backward graph; the passes after it
+    run on each half (roles ``forward`` and ``backward``). Inference graphs (no gradient needed)
+    run every other pass and skip the split. At most one split pass per plan."""
+
+    stage: ClassVar[str] = "split"
+
+    def split(self, joint: JointGraph, context: "PassContext") -> tuple[torch.fx.GraphModule,
+                                                                        torch.fx.GraphModule]:
+        """Return (forward, backward) graphs following AOTAutograd's contract: the forward takes
+        the primals and returns its outputs, then the tensors it saves for the backward, then
+        saved SymInts; the backward takes the saved SymInts, then the saved tensors, then every
+        tangent, and returns the joint's gradients."""
+        raise NotImplementedError(f"split pass '{self.name}' does not implement split()")
+
+    def run(self, graph: torch.fx.GraphModule, context: "PassContext") -> torch.fx.GraphModule:
+        return graph
+
+
 class Fuel:
     """How many rewrites each pass may still make in one compile (``pipeline bisect`` sets it).
 
@@ -143,6 +181,9 @@ class CaptureContext:
 
     plan: Any
     compilation: Any
+    #: Compiled variants the plan's declared shape buckets account for (warm-up compiles one per
+    #: bucket combination); a capture pass allows them on top of its own recompile limit.
+    planned_variants: int = 0
 
     def record_graph_break(self, reason: str) -> None:
         """Record that capture had to split the program (with Dynamo's reason text)."""

@@ -71,3 +71,46 @@ def node_args_hashable(value: Any) -> Any:
     hash(value)
     return (type(value).__name__, value)
 
+
+
+def value_bytes(value: Any) -> int:
+    """Bytes a tensor value (a node's ``meta["val"]``, fake or real) holds: elements times element
+    size, symbolic sizes at the value Dynamo saw; 0 for anything that is not a tensor."""
+    if not isinstance(value, torch.Tensor):
+        return 0
+    numel = 1
+    for size in value.shape:
+        numel *= int(compat.size_hint(size) or 0)
+    return numel * value.element_size()
+
+
+def saved_for_backward(backward: torch.fx.GraphModule) -> dict:
+    """What a backward graph receives from its forward: every placeholder that is not a tangent
+    (AOTAutograd names those ``tangents_N``), as ``{"tensors": [{name, shape, dtype, bytes,
+    input}], "total_bytes", "activation_bytes", "symints"}``. ``input`` marks inputs of the
+    compiled region passed through (``primals_N``: parameters, the batch), which the caller keeps
+    alive anyway; ``activation_bytes`` counts the others. Tensors sharing one storage (views of
+    a saved tensor) count once, at the size of the largest of them."""
+    tensors, symints = [], 0
+    storages: dict = {}
+    activations: dict = {}
+    for node in backward.graph.nodes:
+        if node.op != "placeholder" or str(node.target).startswith("tangents"):
+            continue
+        value = node.meta.get("val")
+        if not isinstance(value, torch.Tensor):
+            symints += 1
+            continue
+        size = value_bytes(value)
+        is_input = str(node.target).startswith("primals")
+        tensors.append({"name": node.name, "shape": [compat.size_hint(d) for d in value.shape],
+                        "dtype": str(value.dtype).removeprefix("torch."), "bytes": size, "input": is_input})
+        try:
+            storage = id(value.untyped_storage())
+        except (NotImplementedError, RuntimeError):
+            storage = id(value)
+        storages[storage] = max(storages.get(storage, 0), size)
+        if not is_input:
+            activations[storage] = max(activations.get(storage, 0), size)
+    return {"tensors": tensors, "total_bytes": sum(storages.values()),
+            "activation_bytes": sum(activations.values()), "symints": symints}

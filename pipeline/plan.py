@@ -3,11 +3,12 @@ policies around them. Loading validates everything before anything compiles.
 
 Top-level keys of a plan file::
 
-    name, description, extends, target, passes, options, remove, verify, on_error, cache, expect
+    name, description, extends, target, passes, options, remove, verify, on_error, cache, expect, shapes
 
 ``extends`` names a parent plan (built-in name or path relative to this file); the child then
 overrides: scalar keys replace, ``passes`` replaces the whole list, ``options`` merges options into
-the parent's passes by name, ``remove`` drops passes by name, ``cache`` and ``expect`` merge key by key.
+the parent's passes by name, ``remove`` drops passes by name, ``cache`` and ``expect`` merge key by key,
+``shapes`` merges as :func:`pipeline.shapes.merge_shapes` says.
 """
 from __future__ import annotations
 
@@ -19,20 +20,27 @@ import attrs
 from .errors import PlanError, did_you_mean
 from .options import convert_fields, option, positive, non_negative, unstructure
 from .registry import Registry, get_registry
+from .shapes import ShapeSettings, merge_shapes
 from .yamlio import LocatedDict, line_of, load_document
 
 MAX_EXTENDS_DEPTH = 32
+# The kinds of graph a pass can run on: an inference graph, a training graph before it is split
+# (joint forward+backward), and the forward and backward halves after the split.
+ROLES = ("inference", "joint", "forward", "backward")
+ROLES_KEY = "on"
 TOP_LEVEL_KEYS = ("name", "description", "extends", "target", "passes", "options", "remove",
-                  "verify", "on_error", "cache", "expect")
+                  "verify", "on_error", "cache", "expect", "shapes")
 
 
 @attrs.frozen
 class CacheSettings:
-    """Where compiled artefacts are kept. Today that is the generated C++ kernels (keyed on source,
-    compiler, flags and CPU ISA); caching whole compiled graphs across processes is not built yet."""
+    """Where compiled artefacts are kept: generated kernels (C++ libraries, Triton modules, autotuning
+    choices) and whole compiled graphs, keyed on the graph, its inputs, the resolved plan, pass
+    versions and sources, torch/triton versions and the device (docs/caching.md)."""
 
-    enabled: bool = option(True, "Keep compiled kernels on disk and reuse them across processes "
-                                 "(false: build in a private temporary folder).")
+    enabled: bool = option(True, "Keep compiled kernels and compiled graphs on disk and reuse them across "
+                                 "processes (false: build kernels in a private temporary folder and "
+                                 "cache no graph).")
     dir: str | None = option(None, "Cache directory; null means $PIPELINE_CACHE_DIR or a per-user default.")
 
 
@@ -41,7 +49,8 @@ class Expectations:
     """What a compile must achieve; checked after every call that compiled something."""
 
     max_graph_breaks: int | None = option(None, "Most graph breaks allowed (null: no limit).", check=non_negative)
-    max_recompiles: int | None = option(None, "Most recompiles allowed (null: no limit).", check=non_negative)
+    max_recompiles: int | None = option(None, "Most recompiles allowed, not counting warm-up of the declared "
+                                              "shape buckets (null: no limit).", check=non_negative)
     max_kernels: int | None = option(None, "Most generated kernels over all graphs (null: no limit).",
                                      check=non_negative)
     cudagraphs: Literal["full", "any"] | None = option(
@@ -53,11 +62,17 @@ class Expectations:
 
 @attrs.frozen
 class PassSpec:
-    """One entry of a plan's pass list: a registered pass name and its parsed options."""
+    """One entry of a plan's pass list: a registered pass name, its parsed options and the graph
+    roles it runs on (``on:`` in YAML; None: every role its place in the plan allows)."""
 
     name: str
     options: Any
     line: int | None = attrs.field(default=None, eq=False)
+    roles: tuple[str, ...] | None = None
+
+    def runs_on(self, role: str) -> bool:
+        """Whether this pass runs on graphs of ``role`` (one of :data:`ROLES`)."""
+        return self.roles is None or role in self.roles
 
 
 @attrs.frozen
@@ -73,6 +88,7 @@ class Plan:
     on_error: Literal["raise", "eager"] = "raise"
     cache: CacheSettings = CacheSettings()
     expect: Expectations = Expectations()
+    shapes: ShapeSettings = ShapeSettings()
     source: str | None = attrs.field(default=None, eq=False)
     lineage: tuple[str, ...] = attrs.field(default=(), eq=False)
 
@@ -85,7 +101,10 @@ class Plan:
         passes = []
         for spec in self.passes:
             opts = unstructure(spec.options)
-            passes.append({spec.name: opts} if opts else spec.name)
+            if spec.roles is not None:
+                passes.append({spec.name: opts, ROLES_KEY: list(spec.roles)})
+            else:
+                passes.append({spec.name: opts} if opts else spec.name)
         return {
             "name": self.name,
             "description": self.description,
@@ -95,6 +114,7 @@ class Plan:
             "on_error": self.on_error,
             "cache": unstructure(self.cache),
             "expect": unstructure(self.expect),
+            "shapes": self.shapes.to_data(),
         }
 
 
@@ -212,7 +232,9 @@ def _from_data(raw: Any, *, source: str, registry: Registry, chain: tuple[str, .
     passes = _parse_passes(raw["passes"], source=source, registry=registry, line=line_of(raw, "passes"))
     cache = _convert_section(CacheSettings, raw, "cache", source)
     expect = _convert_section(Expectations, raw, "expect", source)
-    plan = Plan(passes=passes, cache=CacheSettings(**cache), expect=Expectations(**expect),
+    shapes = merge_shapes(ShapeSettings(), raw["shapes"], source=source, line=line_of(raw, "shapes")) \
+        if "shapes" in raw else ShapeSettings()
+    plan = Plan(passes=passes, cache=CacheSettings(**cache), expect=Expectations(**expect), shapes=shapes,
                 source=source, **fields)
     _check_order(plan, registry, source, raw)
     return plan
@@ -271,6 +293,14 @@ def _parse_passes(raw: Any, *, source: str, registry: Registry, line: int | None
 def _parse_pass_entry(item: Any, *, index: int, source: str, registry: Registry,
                       line: int | None) -> PassSpec:
     key = f"passes[{index}]"
+    roles = None
+    if isinstance(item, dict) and ROLES_KEY in item and len(item) == 2:
+        roles = _parse_roles(item[ROLES_KEY], source=source, line=line_of(item, ROLES_KEY) or line,
+                             key=f"{key}.{ROLES_KEY}")
+        rest = LocatedDict({k: v for k, v in item.items() if k != ROLES_KEY})
+        rest.line = getattr(item, "line", None)
+        rest.key_lines = {k: v for k, v in getattr(item, "key_lines", {}).items() if k != ROLES_KEY}
+        item = rest
     if isinstance(item, str):
         name, raw_options, opt_line = item, None, line
     elif isinstance(item, dict) and len(item) == 1:
@@ -279,9 +309,9 @@ def _parse_pass_entry(item: Any, *, index: int, source: str, registry: Registry,
         if not isinstance(name, str):
             raise PlanError("a pass name must be a string", file=source, line=line, key=key)
     elif isinstance(item, dict):
-        raise PlanError(f"a pass entry is one name mapped to its options, got {len(item)} keys "
-                        f"({', '.join(map(str, item))}); write each pass as its own list item",
-                        file=source, line=line, key=key)
+        raise PlanError(f"a pass entry is one name mapped to its options (plus, optionally, "
+                        f"'{ROLES_KEY}: [roles]'), got {len(item)} keys ({', '.join(map(str, item))}); "
+                        f"write each pass as its own list item", file=source, line=line, key=key)
     else:
         raise PlanError(f"a pass entry is a name or 'name: {{options}}', got {type(item).__name__}",
                         file=source, line=line, key=key)
@@ -290,7 +320,27 @@ def _parse_pass_entry(item: Any, *, index: int, source: str, registry: Registry,
         raise PlanError(f"unknown pass '{name}'{registry.unknown_pass_hint(name)}", file=source,
                         line=line, key=f"{key}.{name}" if isinstance(item, dict) else key)
     values = convert_fields(entry.cls.Options, raw_options, source=source, key=f"{key}.{name}", line=opt_line)
-    return PassSpec(name=name, options=entry.cls.Options(**values), line=line)
+    if roles is not None and entry.cls.stage != "graph":
+        raise PlanError(f"'{ROLES_KEY}' restricts a graph pass to some graph roles; '{name}' is a "
+                        f"{entry.cls.stage} pass and runs where its stage says", file=source, line=line,
+                        key=f"{key}.{ROLES_KEY}")
+    return PassSpec(name=name, options=entry.cls.Options(**values), line=line, roles=roles)
+
+
+def _parse_roles(raw: Any, *, source: str, line: int | None, key: str) -> tuple[str, ...]:
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list) or not raw:
+        raise PlanError(f"expected a non-empty list of graph roles ({', '.join(ROLES)})", file=source,
+                        line=line, key=key)
+    for i, role in enumerate(raw):
+        if role not in ROLES:
+            raise PlanError(f"unknown graph role {role!r}{did_you_mean(str(role), ROLES)} (roles: "
+                            f"{', '.join(ROLES)})", file=source, line=line_of(raw, i) or line,
+                            key=f"{key}[{i}]")
+    if len(set(raw)) != len(raw):
+        raise PlanError("a graph role is listed twice", file=source, line=line, key=key)
+    return tuple(r for r in ROLES if r in raw)
 
 
 def _apply_layer(base: Plan, layer: Any, *, source: str, registry: Registry,
@@ -314,7 +364,9 @@ def _apply_layer(base: Plan, layer: Any, *, source: str, registry: Registry,
         passes = _merge_options(passes, layer["options"], source, registry, line_of(layer, "options"))
     cache = attrs.evolve(base.cache, **_convert_section(CacheSettings, layer, "cache", source))
     expect = attrs.evolve(base.expect, **_convert_section(Expectations, layer, "expect", source))
-    plan = attrs.evolve(base, passes=passes, cache=cache, expect=expect, **fields)
+    shapes = merge_shapes(base.shapes, layer["shapes"], source=source, line=line_of(layer, "shapes")) \
+        if "shapes" in layer else base.shapes
+    plan = attrs.evolve(base, passes=passes, cache=cache, expect=expect, shapes=shapes, **fields)
     _check_order(plan, registry, source, layer, lines_from_source="passes" in layer)
     return plan
 
@@ -381,3 +433,73 @@ def _check_order(plan: Plan, registry: Registry, source: str, raw: Any, *,
                             key=f"passes[{index}]")
         tags -= set(cls.invalidates)
         tags |= set(cls.provided(spec.options))
+    _check_roles(plan, registry, source, line_for)
+
+
+def role_pipeline(passes: tuple[PassSpec, ...] | list[PassSpec], stages: list[str], role: str) -> list[int]:
+    """Indices of the passes that run, in order, on a graph of ``role`` (capture excluded).
+
+    Inference graphs run every pass but the split. A training graph runs the passes before the
+    split pass on the joint graph, then the split, then the passes after it on each half; so
+    ``forward`` and ``backward`` list the joint passes, the split and their own passes (without a
+    split pass in the plan, AOTAutograd's default partition splits first and every pass runs
+    on the halves). ``on:`` in a plan entry narrows all of this."""
+    split = next((i for i, stage in enumerate(stages) if stage == "split"), None)
+    out = []
+    for index, (spec, stage) in enumerate(zip(passes, stages)):
+        if stage == "capture":
+            continue
+        if role == "inference":
+            runs = stage != "split" and spec.runs_on("inference")
+        elif role == "joint":
+            runs = split is not None and index < split and spec.runs_on("joint")
+        elif split is None or index > split:
+            runs = spec.runs_on(role)
+        else:
+            runs = index == split or spec.runs_on("joint")
+        if runs:
+            out.append(index)
+    return out
+
+
+def _check_roles(plan: Plan, registry: Registry, source: str, line_for: Any) -> None:
+    """At most one split pass; ``on:`` names roles a pass can meet where it stands; and every
+    ``requires`` is met along each role's own sequence of passes."""
+    stages = [registry.passes[spec.name].cls.stage for spec in plan.passes]
+    splits = [i for i, stage in enumerate(stages) if stage == "split"]
+    if len(splits) > 1:
+        spec = plan.passes[splits[1]]
+        raise PlanError(f"a plan splits training graphs once, but '{plan.passes[splits[0]].name}' and "
+                        f"'{spec.name}' are both split passes", file=source, line=line_for(spec),
+                        key=f"passes[{splits[1]}]")
+    split = splits[0] if splits else None
+    for index, spec in enumerate(plan.passes):
+        if spec.roles is None:
+            continue
+        where = f"passes[{index}].{ROLES_KEY}"
+        if split is None and "joint" in spec.roles:
+            raise PlanError("role 'joint' needs a split pass (such as 'partition') later in the plan: without "
+                            "one, training graphs are split before any pass runs", file=source,
+                            line=line_for(spec), key=where)
+        if split is not None and index > split and "joint" in spec.roles:
+            raise PlanError(f"'{spec.name}' comes after the split pass '{plan.passes[split].name}', where "
+                            f"training graphs are forward and backward halves, not joint", file=source,
+                            line=line_for(spec), key=where)
+        halves = [r for r in ("forward", "backward") if r in spec.roles]
+        if split is not None and index < split and halves:
+            raise PlanError(f"'{spec.name}' comes before the split pass '{plan.passes[split].name}', where "
+                            f"training graphs are still joint; move it after the split to run it on "
+                            f"{' and '.join(halves)} graphs", file=source, line=line_for(spec), key=where)
+    capture_cls = registry.passes[plan.passes[0].name].cls
+    for role in ROLES:
+        tags = set(capture_cls.provided(plan.passes[0].options))
+        for index in role_pipeline(plan.passes, stages, role):
+            spec = plan.passes[index]
+            cls = registry.passes[spec.name].cls
+            missing = sorted(set(cls.requires) - tags)
+            if missing:
+                raise PlanError(f"pass '{spec.name}' requires {', '.join(missing)} on {role} graphs, which "
+                                f"no earlier pass that runs on them provides (see their '{ROLES_KEY}:')",
+                                file=source, line=line_for(spec), key=f"passes[{index}]")
+            tags -= set(cls.invalidates)
+            tags |= set(cls.provided(spec.options))

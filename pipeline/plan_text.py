@@ -28,7 +28,7 @@ def _flatten(prefix: str, value: Any, out: dict) -> None:
 
 def diff_plans(a: Plan, b: Plan) -> list[str]:
     """Human-readable differences from ``a`` to ``b``: passes added (+), removed (-), moved (~),
-    options and settings changed (~). Empty when the plans compile the same way."""
+    options, graph roles (``on:``) and settings changed (~). Empty when the plans compile the same way."""
     lines: list[str] = []
     names_a, names_b = a.pass_names(), b.pass_names()
     pairs, removed, added = _align(names_a, names_b)
@@ -46,6 +46,10 @@ def diff_plans(a: Plan, b: Plan) -> list[str]:
         _flatten(names_a[i], unstructure(a.passes[i].options), flat_a)
         _flatten(names_b[j], unstructure(b.passes[j].options), flat_b)
         lines.extend(_changes(flat_a, flat_b))
+        roles_a, roles_b = a.passes[i].roles, b.passes[j].roles
+        if roles_a != roles_b:   # the graph roles a pass runs on (``on:``; all: null)
+            lines.append(f"~ {names_b[j]}.on: {_show(list(roles_a) if roles_a else None)} -> "
+                         f"{_show(list(roles_b) if roles_b else None)}")
     data_a = {k: v for k, v in a.to_data().items() if k != "passes"}
     data_b = {k: v for k, v in b.to_data().items() if k != "passes"}
     flat_a, flat_b = {}, {}

@@ -18,7 +18,7 @@ import attrs
 import pluggy
 
 from .errors import RegistrationError, did_you_mean
-from .graph_pass import CapturePass, Pass
+from .graph_pass import CapturePass, Pass, SplitPass
 from .hooks import ENTRY_POINT_GROUP, PROJECT, PipelineSpecs
 from .options import option_class_problem
 
@@ -172,8 +172,9 @@ class Registry:
             tags = getattr(cls, attr)
             if isinstance(tags, str) or not all(isinstance(t, str) for t in tags):
                 raise fail(f"has {attr}={tags!r}; it must be a set of tag strings")
-        method = "capture" if issubclass(cls, CapturePass) else "run"
-        if getattr(cls, method) is getattr(CapturePass if method == "capture" else Pass, method):
+        base, method = ((CapturePass, "capture") if issubclass(cls, CapturePass)
+                        else (SplitPass, "split") if issubclass(cls, SplitPass) else (Pass, "run"))
+        if getattr(cls, method) is getattr(base, method):
             raise fail(f"does not implement {method}()")
 
     # -- queries -------------------------------------------------------------------------------

@@ -5,7 +5,10 @@ It holds the plan as resolved, each graph's per-pass time and node counts, its s
 and after every pass (when sources were recorded: ``report=`` or ``PIPELINE_REPORT_DIR``), graph
 breaks with their source lines, guards and recompiles with the failing guard, fusion groups and
 the reasons candidates were rejected, kernels with their source, extern calls, CUDA-graph status
-with skip reasons, cache hits and misses, and every expectation with its measured value.
+with skip reasons, cache hits and misses, every expectation with its measured value, and for
+training, the tensors each forward saves for its backward (``saved_tensors`` of the backward
+graph; ``summary.saved_bytes`` over all of them, ``summary.activation_bytes`` without the inputs
+of the compiled region, which the caller holds anyway).
 
 Passes feed it through :meth:`pipeline.PassContext.note`: notes with ``topic="fusion"``,
 ``"cache"`` or ``"cudagraphs"`` land in those sections (a note that does not say its topic but
@@ -63,11 +66,16 @@ def build_report(compilation: Any) -> dict:
             "kernels": sum(g["kernel_count"] for g in graphs),
             "compile_seconds": compilation.compile_seconds,
             "fallbacks": sum(1 for g in graphs if g["fallback"]),
+            "cache_hits": sum(1 for g in graphs if g["compile_cache"].get("status") == "hit"),
+            "cache_misses": sum(1 for g in graphs if g["compile_cache"].get("status") == "miss"),
+            "saved_bytes": sum(g["saved_tensors"]["total_bytes"] for g in graphs if g["saved_tensors"]),
+            "activation_bytes": sum(g["saved_tensors"]["activation_bytes"] for g in graphs if g["saved_tensors"]),
             "verify": plan.verify,
             "sources_recorded": compilation.record_sources,
         },
         "graph_breaks": breaks,
         "recompiles": [{"number": i + 1, "reason": r} for i, r in enumerate(compilation.recompiles)],
+        "warmup": compilation.warmup,   # what warm-up of the plan's shape buckets compiled, or null
         "captures": [{"graph": c["graph"], "ended_by": "graph break" if c["graph_break"] else c["reason"],
                       "where": c["where"], "guards": c["guards"], "inputs": c["inputs"]}
                      for c in compilation.captures],
@@ -105,6 +113,10 @@ def _graph_report(record: Any, plugins: dict) -> dict:
         "extern_calls": contents["extern_calls"],
         "cudagraphs": {"wrapped": record.cudagraphs, "reasons": [n["message"] for n in topic("cudagraphs")]},
         "cache": cache,
+        # The compiled-graph cache's outcome: status hit/miss/uncacheable/bypassed/off, key, reason.
+        "compile_cache": dict(getattr(record, "cache", {}) or {}),
+        # Backward graphs: the tensors their forward saved for them (name, shape, dtype, bytes).
+        "saved_tensors": record.saved,
     }
 
 

@@ -21,6 +21,7 @@ SECTIONS = {
     "extern-calls": "Extern calls",
     "cudagraphs": "CUDA graphs",
     "cache": "Cache",
+    "saved-tensors": "Saved for backward",
     "graphs": "Graphs before and after each pass",
 }
 
@@ -204,6 +205,22 @@ def _cache(report: dict) -> str:
     return _table(["graph", "pass", "outcome"], rows) if rows else _none("No cache lookups recorded.")
 
 
+def _saved_tensors(report: dict) -> str:
+    html = ""
+    for graph in report["graphs"]:
+        saved = graph.get("saved_tensors")
+        if not saved:
+            continue
+        rows = [(f"<code>{escape(t['name'])}</code>", escape(str(t["shape"])), escape(t["dtype"]),
+                 f'<span class="num">{t["bytes"]}</span>', "input" if t["input"] else "activation")
+                for t in saved["tensors"]]
+        html += (f"<h3>{escape(graph['id'])}: {len(saved['tensors'])} tensor(s), {saved['total_bytes']} bytes "
+                 f"({saved['activation_bytes']} of activations)"
+                 f"{', ' + str(saved['symints']) + ' SymInt(s)' if saved['symints'] else ''}</h3>"
+                 + _table(["name", "shape", "dtype", "bytes", "kind"], rows))
+    return html or _none("No backward graph in this compile.")
+
+
 def _graphs(report: dict) -> str:
     html = ""
     for graph in report["graphs"]:
@@ -227,7 +244,8 @@ def _graphs(report: dict) -> str:
 _RENDERERS = {
     "summary": _summary, "expectations": _expectations, "plan": _plan, "pass-times": _pass_times,
     "graph-breaks": _graph_breaks, "guards": _guards, "fusion": _fusion, "kernels": _kernels,
-    "extern-calls": _extern_calls, "cudagraphs": _cudagraphs, "cache": _cache, "graphs": _graphs,
+    "extern-calls": _extern_calls, "cudagraphs": _cudagraphs, "cache": _cache,
+    "saved-tensors": _saved_tensors, "graphs": _graphs,
 }
 
 __all__ = ["render_html", "SECTIONS"]

@@ -26,6 +26,7 @@ import torch.fx
 
 from pipeline import Pass, PassContext, option
 from pipeline.fused import CompiledKernel, FusedGroup, meta_of
+from pipeline.graph_io import Codec, UnsupportedGraph
 from pipeline.loops import UnsupportedGroup, analyze
 
 from .cpp_build import build
@@ -57,16 +58,23 @@ class CodegenOptions:
 class CppKernel(CompiledKernel):
     """A compiled C++ kernel: allocates the outputs with the strides eager would give them and
     calls the function with raw pointers. Inputs with unexpected strides or dtypes (a shape function
-    that disagreed with the real kernel), or not on the CPU, run the group eagerly."""
+    that disagreed with the real kernel), or not on the CPU, run the group eagerly.
+
+    It describes itself for the compile cache (``to_data``/``from_data``): its group, its source and
+    the whole library's source; rebuilding it loads the library from the kernel cache (compiling it
+    again only when the library is gone)."""
 
     backend = "cpp"
 
-    def __init__(self, group: FusedGroup, source: str, function, inputs: list, outputs: list):
+    def __init__(self, group: FusedGroup, source: str, function, inputs: list, outputs: list,
+                 library_source: str = "", library_path: str = ""):
         super().__init__(group, source)
         self.function = function
         self.in_strides = tuple(tuple(v.stride()) for v in inputs)
         self.in_dtypes = tuple(v.dtype for v in inputs)
         self.outputs = [(tuple(v.shape), tuple(v.stride()), v.dtype) for v in outputs]
+        self.library_source = library_source
+        self.library_path = library_path
 
     def __call__(self, *inputs: torch.Tensor) -> tuple:
         if tuple(map(_stride, inputs)) != self.in_strides or tuple(map(_dtype, inputs)) != self.in_dtypes \
@@ -75,6 +83,45 @@ class CppKernel(CompiledKernel):
         outs = tuple(torch.empty_strided(shape, stride, dtype=dtype) for shape, stride, dtype in self.outputs)
         self.function(*[t.data_ptr() for t in inputs], *[o.data_ptr() for o in outs])
         return outs
+
+    def to_data(self, codec: Codec) -> dict:
+        """Plain data for the compile cache (see :class:`pipeline.graph_io.Describable`)."""
+        if not self.library_source:
+            raise UnsupportedGraph(f"cpp kernel {self.group.name} does not know its library's source")
+        codec.need_file(self.library_path)
+        return {"group": codec.group_to_data(self.group), "source": codec.put_text(self.source),
+                "library": codec.put_text(self.library_source),
+                "in_strides": [list(s) for s in self.in_strides],
+                "in_dtypes": [_dtype_name(d) for d in self.in_dtypes],
+                "outputs": [[list(shape), list(stride), _dtype_name(dtype)] for shape, stride, dtype in self.outputs]}
+
+    @classmethod
+    def from_data(cls, data: dict, codec: Codec) -> "CppKernel":
+        """The kernel :meth:`to_data` described, its library loaded from the kernel cache."""
+        group = codec.group_from_data(data["group"])
+        library_source = codec.text(data["library"])
+        library, path, _ = build(library_source, directory=codec.cache_dir)
+        kernel = cls.__new__(cls)
+        CompiledKernel.__init__(kernel, group, codec.text(data["source"]))
+        kernel.function = _bind_function(library, group.name, len(data["in_strides"]) + len(data["outputs"]))
+        kernel.in_strides = tuple(tuple(s) for s in data["in_strides"])
+        kernel.in_dtypes = tuple(getattr(torch, d) for d in data["in_dtypes"])
+        kernel.outputs = [(tuple(shape), tuple(stride), getattr(torch, d)) for shape, stride, d in data["outputs"]]
+        kernel.library_source = library_source
+        kernel.library_path = str(path.with_suffix(".so"))
+        return kernel
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _bind_function(library: ctypes.CDLL, name: str, arguments: int):
+    """The library's function ``name`` taking ``arguments`` raw pointers."""
+    function = getattr(library, name)
+    function.argtypes = [ctypes.c_void_p] * arguments
+    function.restype = None
+    return function
 
 
 _stride = torch.Tensor.stride
@@ -137,16 +184,15 @@ class Codegen(Pass):
         if not planned:
             return graph
         cache = context.plan.cache if context.plan is not None else None
-        library, path, hit = build(module_source([source for *_, source in planned]),
-                                   directory=cache.dir if cache is not None else None,
+        library_source = module_source([source for *_, source in planned])
+        library, path, hit = build(library_source, directory=cache.dir if cache is not None else None,
                                    persistent=cache.enabled if cache is not None else True)
         context.note(f"{len(planned)} C++ kernel(s) in {path} ({'cache hit' if hit else 'compiled'})")
         for node, group, nest, source in planned:
-            function = getattr(library, group.name)
             placeholders = [n for n in group.subgraph.graph.nodes if n.op == "placeholder"]
-            function.argtypes = [ctypes.c_void_p] * (len(placeholders) + len(nest.outputs))
-            function.restype = None
+            function = _bind_function(library, group.name, len(placeholders) + len(nest.outputs))
             node.target = CppKernel(group, source, function, [meta_of(p) for p in placeholders],
-                                    [meta_of(n) for n, _ in nest.outputs])
+                                    [meta_of(n) for n, _ in nest.outputs], library_source=library_source,
+                                    library_path=str(path.with_suffix(".so")))
         graph.recompile()
         return graph

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
-import platform
 import shutil
 import subprocess
 import tempfile
@@ -13,6 +12,7 @@ import threading
 from functools import lru_cache
 from pathlib import Path
 
+from pipeline.cache import cache_root, cpu_isa
 from pipeline.errors import PipelineError
 
 FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno",
@@ -45,28 +45,10 @@ def _compiler_version(cxx: str) -> str:
     return lines[0]
 
 
-@lru_cache(maxsize=None)
-def cpu_isa() -> str:
-    """A fingerprint of this CPU's instruction set (``-march=native`` output depends on it)."""
-    text = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "model name")):
-                    text += line
-                if line.startswith("flags"):
-                    break
-    except OSError:
-        text = platform.processor()
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 def cache_dir(configured: str | None) -> Path:
     """``<root>/cpp`` under the configured cache root, created if needed. A root that cannot be
     created (read-only, full, a file in the way) is a :class:`CompileError` saying what to do."""
-    root = configured or os.environ.get("PIPELINE_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "plan-pipeline")
-    path = Path(root) / "cpp"
+    path = cache_root(configured) / "cpp"
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

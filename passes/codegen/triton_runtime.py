@@ -125,6 +125,12 @@ class TritonKernel(CompiledKernel):
     def __init__(self, group: FusedGroup, generated: TritonSource, module: ModuleType, path: Path,
                  inputs: list, outputs: list):
         super().__init__(group, generated.source)
+        self._setup(generated, module, path, in_strides=tuple(tuple(v.stride()) for v in inputs),
+                    device=(inputs or outputs)[0].device,
+                    outputs=[(tuple(v.shape), tuple(v.stride()), v.dtype) for v in outputs])
+
+    def _setup(self, generated: TritonSource, module: ModuleType, path: Path, *, in_strides: tuple,
+               device: torch.device, outputs: list) -> None:
         self.generated = generated
         self.module = module
         self.path = path
@@ -132,16 +138,48 @@ class TritonKernel(CompiledKernel):
         self.launch = self.function[generated.grid]
         self.kwargs = dict(generated.constexprs, num_warps=generated.num_warps)
         self.empty = generated.grid[0] == 0 or not outputs    # nothing to compute or nothing to store
-        self.in_strides = tuple(tuple(v.stride()) for v in inputs)
-        self.device = (inputs or outputs)[0].device
-        self.outputs = [(tuple(v.shape), tuple(v.stride()), v.dtype) for v in outputs]
+        self.in_strides = in_strides
+        self.device = device
+        self.outputs = outputs
         self._fast: tuple | None = None     # what a direct launch on one device needs, see below
+
+    def to_data(self, codec: Any) -> dict:
+        """Plain data for the compile cache (see :class:`pipeline.graph_io.Describable`): the
+        group, the generated module's text and launch parameters, the strides it was built for."""
+        g = self.generated
+        codec.need_file(self.path)
+        return {"group": codec.group_to_data(self.group), "name": g.name, "source": codec.put_text(g.source),
+                "signature": dict(g.signature), "constexprs": dict(g.constexprs), "grid": list(g.grid),
+                "num_warps": g.num_warps, "persistent": g.persistent, "device": str(self.device),
+                "in_strides": [list(s) for s in self.in_strides],
+                "outputs": [[list(shape), list(stride), str(dtype).removeprefix("torch.")]
+                            for shape, stride, dtype in self.outputs]}
+
+    @classmethod
+    def from_data(cls, data: dict, codec: Any) -> "TritonKernel":
+        """The kernel :meth:`to_data` described, its module imported from the kernel cache (written
+        there again from the described text when it is gone)."""
+        device = torch.device(data["device"])
+        if device.type != "cuda" and not interpreting():
+            raise TritonCompileError(f"kernel {data['name']} runs {device.type} tensors, which needs "
+                                     "TRITON_INTERPRET=1 in this process")
+        generated = TritonSource(name=data["name"], source=codec.text(data["source"]),
+                                 signature=dict(data["signature"]), constexprs=dict(data["constexprs"]),
+                                 grid=tuple(data["grid"]), num_warps=data["num_warps"],
+                                 persistent=data["persistent"])
+        path, _ = write_source(generated.source, codec.cache_dir)
+        kernel = cls.__new__(cls)
+        CompiledKernel.__init__(kernel, codec.group_from_data(data["group"]), generated.source)
+        kernel._setup(generated, load_module(path), path, in_strides=tuple(tuple(s) for s in data["in_strides"]),
+                      device=device, outputs=[(tuple(shape), tuple(stride), getattr(torch, d))
+                                              for shape, stride, d in data["outputs"]])
+        return kernel
 
     def __call__(self, *inputs: torch.Tensor) -> tuple:
         fast = self._fast
         if fast is not None and inputs and tuple(map(_stride, inputs)) == self.in_strides \
                 and inputs[0].get_device() == fast[0] == fast[1]() and _aligned(inputs, fast[12]):
-            _, current, empty, compiled, run, function, metadata, stream, grid, tail, enter, leave, _ = fast
+            _, current, empty, compiled, run, function, metadata, stream, grid, tail, enter, leave, _, direct = fast
             outs = tuple([empty(shape, stride, dtype) for shape, stride, dtype in self.outputs])
             raw_stream = stream(fast[0])
             if enter.calls or leave.calls:      # launch hooks (profilers): give them what Triton gives
@@ -149,7 +187,7 @@ class TritonKernel(CompiledKernel):
                     compiled.launch_metadata(grid, raw_stream, *inputs, *outs, *tail), enter, leave,
                     *inputs, *outs, *tail)
             else:
-                run(*grid, raw_stream, function, metadata, None, None, None, *inputs, *outs, *tail)
+                direct[0](*grid, raw_stream, *direct[1], *inputs, *outs, *tail)
             return outs
         return self._call(inputs)
 
@@ -194,7 +232,22 @@ class TritonKernel(CompiledKernel):
         # compiles the variant they need).
         aligned = tuple(i for i, t in enumerate(inputs) if t.data_ptr() % 16 == 0)
         self._fast = (index, current, empty, compiled, compiled.run, compiled.function, compiled.packed_metadata,
-                      driver.active.get_current_stream, grid, tail, enter, leave, aligned)
+                      driver.active.get_current_stream, grid, tail, enter, leave, aligned,
+                      _direct_launch(compiled))
+
+
+def _direct_launch(compiled: Any) -> tuple:
+    """(callable, arguments between the stream and the kernel's own): the launcher's C entry point
+    when the kernel needs no scratch memory (Triton's launcher object then only forwards to it),
+    else the launcher object itself."""
+    run = compiled.run
+    raw = getattr(run, "launch", None)
+    plain = (raw is not None and getattr(run, "global_scratch_size", None) == 0
+             and getattr(run, "profile_scratch_size", None) == 0 and hasattr(run, "launch_pdl"))
+    if plain:
+        return raw, (compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
+                     compiled.packed_metadata, None, None, None)
+    return run, (compiled.function, compiled.packed_metadata, None, None, None)
 
 
 _stride = torch.Tensor.stride
@@ -291,7 +344,8 @@ def _compile_paths(paths: list, arch: int) -> list:
             jitted = function if isinstance(function, JITFunction) else JITFunction(function.fn)
             source = ASTSource(fn=jitted, signature=signature, constexprs=dict(module.CONSTEXPRS), attrs=aligned)
             compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
-                                      options={"num_warps": module.NUM_WARPS})
+                                      options={"num_warps": module.NUM_WARPS,
+                                               "num_stages": getattr(module, "NUM_STAGES", 3)})
             results.append({"name": name, "path": path, "ptx_bytes": len(compiled.asm["ptx"]),
                             "cubin_bytes": len(compiled.asm["cubin"]),
                             "num_warps": compiled.metadata.num_warps, "shared": compiled.metadata.shared})

@@ -11,6 +11,8 @@ plan preserves semantics against eager PyTorch. Plugin authors fuzz their own pa
 from ..numerics import TOLERANCES, compare, tolerance
 from .assertions import SemanticsError, assert_preserves_semantics, prelude_for, run_passes
 from .strategies import FLOAT_DTYPES, GraphCase, TensorSpec, graphs
+from .training import assert_gradients_match, gradient_inputs, loss_and_gradients
 
 __all__ = ["graphs", "GraphCase", "TensorSpec", "FLOAT_DTYPES", "assert_preserves_semantics",
-           "SemanticsError", "prelude_for", "run_passes", "compare", "tolerance", "TOLERANCES"]
+           "SemanticsError", "prelude_for", "run_passes", "compare", "tolerance", "TOLERANCES",
+           "assert_gradients_match", "gradient_inputs", "loss_and_gradients"]

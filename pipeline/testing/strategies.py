@@ -74,7 +74,7 @@ class GraphCase:
 
 
 _VIEW_TARGETS = {torch.permute, torch.transpose, torch.reshape, torch.unsqueeze, torch.narrow, "expand",
-                 "transpose"}
+                 "transpose", "select", "narrow"}
 
 
 class _Builder:
@@ -159,8 +159,9 @@ def _broadcast_variant(draw, base: tuple[int, ...]) -> tuple[int, ...]:
 def graphs(draw, *, dtypes: Sequence[torch.dtype] = (torch.float32,), min_ops: int = 1, max_ops: int = 8,
            max_inputs: int = 3, max_rank: int = 3, max_dim: int = 6, reductions: bool = True,
            views: bool = True, mutation: bool = False, input_mutation: bool = False,
-           constants: bool = True, permuted_inputs: bool = True) -> GraphCase:
-    """Draw a random valid graph. Keyword switches choose the op families (see module doc)."""
+           constants: bool = True, permuted_inputs: bool = True, input_mutation_weight: int = 1) -> GraphCase:
+    """Draw a random valid graph. Keyword switches choose the op families (see module doc);
+    ``input_mutation_weight`` makes writes into inputs that many times as likely as one family."""
     rank = draw(st.integers(1, max_rank))
     base = tuple(draw(st.integers(1, max_dim)) for _ in range(rank))
     n_inputs = draw(st.integers(1, max_inputs))
@@ -184,7 +185,7 @@ def graphs(draw, *, dtypes: Sequence[torch.dtype] = (torch.float32,), min_ops: i
     if mutation:
         families += ["mutation"]
     if input_mutation:
-        families += ["input_mutation"]
+        families += ["input_mutation"] * input_mutation_weight
     if constants:
         families += ["constant"]
     n_ops = draw(st.integers(min_ops, max_ops))
@@ -266,6 +267,8 @@ def _add_op(draw, builder: _Builder, family: str, dtypes: Sequence[torch.dtype],
             return None
         target, tmeta = draw(st.sampled_from(candidates))
         source = _pick(draw, builder)
+        if source is not None and tmeta.dim() > 0 and draw(st.booleans()):
+            return _partial_input_write(draw, builder, target, tmeta, source)
         try:
             torch.broadcast_shapes(tmeta.shape, source[1].shape)
             if torch.broadcast_shapes(tmeta.shape, source[1].shape) != tmeta.shape:
@@ -283,6 +286,41 @@ def _add_op(draw, builder: _Builder, family: str, dtypes: Sequence[torch.dtype],
         full = builder.call(torch.full, tuple(meta.shape), draw(st.sampled_from([0.25, 1.5])), dtype=meta.dtype)
         return full and builder.call(torch.mul, node, full[0])
     return None
+
+
+def _partial_input_write(draw, builder: _Builder, target: torch.fx.Node, tmeta: torch.Tensor, source):
+    """Write into part of an input, as a KV-cache update does: ``x[i] = v``, ``x.narrow(...) *= 2``
+    or ``x.index_copy_(d, idx, v)`` (``v`` is a value of the graph broadcast to the written part)."""
+    dim = draw(st.integers(0, tmeta.dim() - 1))
+    size = tmeta.shape[dim]
+    kind = draw(st.sampled_from(["select", "narrow", "index_copy"]))
+    if kind == "index_copy":
+        count = draw(st.integers(1, size))
+        index = sorted(draw(st.permutations(range(size)))[:count])
+        picked = builder.call(torch.tensor, index)
+        if picked is None:
+            return None
+        shape = list(tmeta.shape)
+        shape[dim] = count
+        values = builder.call("expand", source[0], shape, method=True)
+        values = values and builder.call("contiguous", values[0], method=True)
+        values = values and builder.call("to", values[0], tmeta.dtype, method=True)
+        if values is None:
+            return None
+        done = builder.call("index_copy_", target, dim, picked[0], values[0], method=True)
+        return done and "input_mutation"
+    if kind == "select":
+        part = builder.call("select", target, dim, draw(st.integers(0, size - 1)), method=True)
+    else:
+        start = draw(st.integers(0, size - 1))
+        part = builder.call("narrow", target, dim, start, draw(st.integers(1, size - start)), method=True)
+    if part is None:
+        return None
+    if draw(st.booleans()):
+        done = builder.call("mul_", part[0], draw(st.sampled_from([0.5, 2.0])), method=True)
+    else:
+        done = builder.call("copy_", part[0], source[0], method=True)
+    return done and "input_mutation"
 
 
 def _safe_unary(name: str, builder: _Builder, node: torch.fx.Node):

@@ -1,0 +1,122 @@
+"""Training graphs in a plan with a split pass (a :class:`~pipeline.graph_pass.SplitPass` such as
+``partition``): AOTAutograd traces the joint forward+backward graph and, from inside its partition
+hook, hands it here. The plan's passes before the split pass run on the joint graph (role
+``joint``), the split pass turns it into a forward and a backward graph, and AOTAutograd then
+hands each half to :meth:`Compilation.compile_graph`'s compilers, which run the passes after the
+split (roles ``forward`` and ``backward``).
+
+The joint graph is recorded as ``gN.joint``. It is never called, so ``verify`` does not compare
+it with eager: the halves are compared with what the split produced, and the tests compare loss
+and gradients with eager. The instrumentation hooks (``pipeline_before_pass`` /
+``pipeline_after_pass``) see the joint passes; the split pass, which takes one graph and gives
+two, is timed and recorded but not passed to those hooks.
+"""
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from typing import Any
+
+import attrs
+import torch.fx
+
+from . import compat
+from .compilation import GraphRecord
+from .errors import PassFailure, PipelineError
+from .graph_pass import JointGraph, PassContext
+from .instruments import GraphSources, PassTimer, SourceDump, copy_graph
+from .manager import BoundPass, PassManager
+
+
+def split_training_graph(compilation: Any, joint: JointGraph, passes: list[BoundPass], split: BoundPass,
+                         graph_id: str, joint_tags: dict) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+    """Run ``passes`` on the joint graph, then ``split``; return (forward, backward) and leave the
+    tags the joint graph ended with in ``joint_tags["tags"]`` for the halves' compiles. Under
+    ``on_error: eager`` a failure falls back to torch's default partition of the joint graph as
+    AOTAutograd traced it."""
+    start = time.perf_counter()
+    plan = compilation.plan
+    module = joint.module
+    record = GraphRecord(graph_id=graph_id, role="joint", nodes_in=len(module.graph.nodes))
+    if plan.verify != "off":
+        record.verified = "not run: a joint graph is checked through its forward and backward halves"
+    compilation.graphs.append(record)
+    names = [n.name for n in module.graph.nodes if n.op == "placeholder"]
+    original = copy_graph(module) if plan.on_error == "eager" else None
+    context = PassContext(graph_id=graph_id, target=compilation._target(joint.example_inputs),
+                          example_inputs=joint.example_inputs, plan=plan, role="joint",
+                          tags=compilation._capture_tags(), fuel=compilation.fuel, record=record)
+    instruments: list = [PassTimer(record)]
+    if compilation.record_sources:
+        instruments.append(GraphSources(record))
+    if os.environ.get("PIPELINE_DUMP_DIR"):
+        instruments.append(SourceDump(os.environ["PIPELINE_DUMP_DIR"]))
+    manager = PassManager(passes, registry=compilation.registry,
+                          plugin_manager=compilation.registry.plugin_manager(instruments),
+                          check_invariants=plan.verify != "off")
+    try:
+        graph = manager.run(module, context)
+        # Re-tracing passes rename placeholders (arg0_1, ...); the joint's calling convention
+        # names them primals_N / tangents_N, which torch's partitioners rely on.
+        compat.rename_placeholders(graph, names)
+        halves = _run_split(split, attrs.evolve(joint, module=graph), context, record,
+                            compilation.record_sources)
+        joint_tags["tags"] = set(context.tags)
+    except PipelineError as exc:
+        if plan.on_error != "eager" or original is None:
+            raise
+        record.fallback = str(exc)
+        warnings.warn(f"pipeline: graph {graph_id} is split by torch's default partitioner (plan on_error: "
+                      f"eager): {exc}", stacklevel=2)
+        halves = compat.torch_partition(original, joint.example_inputs, num_primals=joint.num_primals,
+                                        num_forward_outputs=joint.num_forward_outputs, strategy="default")
+        joint_tags["tags"] = compilation._capture_tags()
+    finally:
+        record.notes = context.notes
+        record.tags = sorted(context.tags)
+        record.seconds = time.perf_counter() - start
+        compilation.compile_seconds += record.seconds
+    return halves
+
+
+def _run_split(split: BoundPass, joint: JointGraph, context: PassContext, record: GraphRecord,
+               record_sources: bool) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+    """Call the split pass with the same checks the pass manager applies to a graph pass."""
+    cls = type(split.instance)
+    context.current_pass = split.name
+
+    def failure(message: str) -> PassFailure:
+        return PassFailure(f"pass '{split.name}' from plugin {split.plugin} {message}", pass_name=split.name,
+                           plugin=str(split.plugin), graph_id=context.graph_id)
+
+    missing = set(cls.requires) - context.tags
+    if missing:
+        raise failure(f"requires {', '.join(sorted(missing))} but the graph {context.graph_id} only has "
+                      f"{', '.join(sorted(context.tags)) or 'no tags'}")
+    nodes_before = len(joint.module.graph.nodes)
+    started = time.perf_counter()
+    try:
+        result = split.instance.split(joint, context)
+    except PipelineError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - re-raised naming the pass and its plugin
+        raise failure(f"failed on graph {context.graph_id}: {type(exc).__name__}: {exc}") from exc
+    if not (isinstance(result, tuple) and len(result) == 2
+            and all(isinstance(g, torch.fx.GraphModule) for g in result)):
+        raise failure(f"returned {type(result).__name__}, not a (forward, backward) pair of GraphModules")
+    for half, graph in zip(("forward", "backward"), result):
+        try:
+            graph.graph.lint()
+        except Exception as exc:  # noqa: BLE001 - a malformed graph is the pass's fault
+            raise failure(f"produced a malformed {half} graph: {exc}") from exc
+    record.passes.append({"pass": split.name, "seconds": time.perf_counter() - started,
+                          "nodes_before": nodes_before,
+                          "nodes_after": sum(len(g.graph.nodes) for g in result)})
+    if record_sources:
+        for half, graph in zip(("forward", "backward"), result):
+            record.sources.append({"stage": f"{split.name} ({half})", "code": graph.code})
+    context.tags -= set(cls.invalidates)
+    context.tags |= set(cls.provided(split.instance.options))
+    context.current_pass = None
+    return result
