@@ -51,7 +51,7 @@ ENV_DIR = "PIPELINE_CACHE_DIR"
 #: ``0``/``off`` turns the compiled-graph cache off in this process (a kill switch for debugging
 #: and for test suites that count pass runs; it never changes what is compiled).
 ENV_GRAPHS = "PIPELINE_CACHE_GRAPHS"
-ENTRY_FORMAT = 2
+ENTRY_FORMAT = 3
 MAGIC = "plan-pipeline-graph"
 
 
@@ -248,10 +248,12 @@ def write_entry(path: Path, key: str, meta: dict, constants: dict[str, torch.Ten
     blob = io.BytesIO()
     tensors = []
     for name, value in constants.items():
+        device = value.device
         value = value.detach().cpu()
         raw = value.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if value.numel() else b""
         tensors.append({"name": name, "dtype": str(value.dtype).removeprefix("torch."), "shape": list(value.shape),
-                        "stride": list(value.stride()), "offset": blob.tell(), "nbytes": len(raw)})
+                        "stride": list(value.stride()), "offset": blob.tell(), "nbytes": len(raw),
+                        "device": device.type})
         blob.write(raw)
     text = json.dumps({**meta, "tensors": tensors}).encode()
     payload = text + blob.getvalue()
@@ -320,7 +322,10 @@ def _tensor_from_bytes(spec: dict, blob: bytes) -> torch.Tensor:
     if spec["nbytes"]:
         raw = bytearray(blob[spec["offset"]:spec["offset"] + spec["nbytes"]])
         out.copy_(torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(spec["shape"]))
-    return out
+    device = spec.get("device", "cpu")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"unknown device {device!r}")
+    return out if device == "cpu" else out.to(device)   # a graph constant lives where it was compiled
 
 
 def file_digest(path: Path) -> str:

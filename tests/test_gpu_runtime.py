@@ -59,3 +59,15 @@ def test_an_input_misaligned_since_the_first_call_takes_tritons_path(made, monke
     monkeypatch.setattr(kernel, "launch", lambda *a, **k: calls.append(1) or real_launch(*a, **k))
     assert compare(f(shifted), kernel(shifted)[0]) is None
     assert calls, "a misaligned input must not reuse the binary specialized for aligned pointers"
+
+
+def test_a_kernel_triton_cannot_compile_at_its_first_shape_runs_with_another():
+    from test_triton_launch_shapes import five_outputs
+    x = torch.randn(8, 512, 3072, device="cuda", dtype=torch.bfloat16)
+    compiled = compile_with_plan(five_outputs, "default")
+    with pytest.warns(UserWarning, match="could not compile kernel"):
+        got = compiled(x)
+    for expected, actual in zip(five_outputs(x), got):
+        assert compare(expected, actual) is None
+    for expected, actual in zip(five_outputs(x), compiled(x)):   # the direct launch path
+        assert compare(expected, actual) is None

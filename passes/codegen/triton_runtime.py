@@ -21,9 +21,10 @@ import os
 import sys
 import tempfile
 import threading
+import warnings
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.fx
@@ -34,7 +35,7 @@ from pipeline.fused import CompiledKernel, FusedGroup, meta_of
 from pipeline.loops import UnsupportedGroup, analyze
 
 from .cpp_build import cache_dir as _cache_dir
-from .triton_source import TritonSource, kernel_source
+from .triton_source import TritonSource, candidate_blocks, kernel_source
 
 _modules: dict[tuple[str, bool], ModuleType] = {}
 _lock = threading.Lock()
@@ -142,6 +143,7 @@ class TritonKernel(CompiledKernel):
         self.device = device
         self.outputs = outputs
         self._fast: tuple | None = None     # what a direct launch on one device needs, see below
+        self.alternatives: Callable[[], list] | None = getattr(self, "alternatives", None)
 
     def to_data(self, codec: Any) -> dict:
         """Plain data for the compile cache (see :class:`pipeline.graph_io.Describable`): the
@@ -206,10 +208,44 @@ class TritonKernel(CompiledKernel):
             return outs
         index = device.index if device.index is not None else torch.cuda.current_device()
         with torch.cuda.device(index):
-            compiled = self.launch(*inputs, *outs, **self.kwargs)
+            compiled = self._first_launch(index, inputs, outs)
         if inputs:
             self._prepare_fast_launch(index, compiled, inputs)
         return outs
+
+    def _first_launch(self, index: int, inputs: tuple, outs: tuple) -> Any:
+        """Launch (Triton compiles here). When Triton cannot compile the generated launch shape
+        (its MLIR passes fail on some valid kernels, e.g. a 4096-element pointwise block storing five
+        outputs), the nest's other candidate shapes are tried in turn, with a warning naming the
+        one taken; when none compiles, the error names the kernel, its file and its inputs."""
+        first_error = None
+        tried = [(self.generated, self.path, self.module)]
+        expanded = False
+        while True:
+            try:
+                compiled = self.launch(*inputs, *outs, **self.kwargs)
+                if first_error is not None:
+                    warnings.warn(f"triton could not compile kernel {self.generated.name} with its first launch "
+                                  f"shape ({first_error}); it runs with BLOCK/XBLOCK/RBLOCK "
+                                  f"{self.generated.constexprs}, {self.generated.num_warps} warps", stacklevel=4)
+                return compiled
+            except RuntimeError as exc:     # Triton compiles at the first launch
+                if "PassManager" not in str(exc) and "compil" not in str(exc).lower():
+                    raise
+                first_error = first_error or " ".join(str(exc).split())[:200]
+            if not expanded and self.alternatives is not None:
+                expanded = True
+                tried += self.alternatives()
+            tried.pop(0)
+            if not tried:
+                raise TritonCompileError(
+                    f"triton could not compile kernel {self.generated.name} ({self.path}) for "
+                    f"{torch.cuda.get_device_name(index)} with any candidate launch shape: {first_error}. Inputs: "
+                    + ", ".join(f"{tuple(t.shape)} {t.dtype} stride {t.stride()}" for t in inputs))
+            generated, path, module = tried[0]
+            self.source = generated.source
+            self._setup(generated, module, path, in_strides=self.in_strides, device=self.device,
+                        outputs=self.outputs)
 
     def _prepare_fast_launch(self, index: int, compiled: Any, inputs: tuple) -> None:
         """Remember the compiled kernel's launcher for launches on device ``index``."""
@@ -307,14 +343,31 @@ def generate(graph: torch.fx.GraphModule, context: Any, *, emulate_precision: bo
             context.note(message)
         path, hit = write_source(generated.source, directory, persistent=persistent)
         module = load_module(path, interpret=interpret)
-        node.target = TritonKernel(group, generated, module, path, [meta_of(p) for p in placeholders],
-                                   [meta_of(n) for n, _ in nest.outputs])
+        kernel = TritonKernel(group, generated, module, path, [meta_of(p) for p in placeholders],
+                              [meta_of(n) for n, _ in nest.outputs])
+        kernel.alternatives = _other_launch_shapes(nest, generated, emulate_precision, directory, persistent)
+        node.target = kernel
         made, hits = made + 1, hits + hit
     if made:
         context.note(f"{made} Triton kernel(s) in {kernel_dir(directory, persistent=persistent)} ({hits} cache hit(s))"
                      + (" run by the Triton interpreter" if interpret else ""))
         graph.recompile()
     return graph
+
+
+def _other_launch_shapes(nest: Any, generated: TritonSource, emulate_precision: bool, directory: Any,
+                         persistent: bool) -> Callable[[], list]:
+    """The nest's other candidate launch shapes as (source, path, module), made only when asked:
+    what a kernel tries when Triton cannot compile the shape it was generated with."""
+    def make() -> list:
+        out = []
+        for blocks in candidate_blocks(nest):
+            source = kernel_source(nest, generated.name, emulate_precision=emulate_precision, blocks=blocks)
+            if source.source != generated.source:
+                path, _ = write_source(source.source, directory, persistent=persistent)
+                out.append((source, path, load_module(path, interpret=False)))
+        return out
+    return make
 
 
 def _compile_paths(paths: list, arch: int) -> list:
