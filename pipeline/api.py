@@ -1,7 +1,6 @@
 """``compile_with_plan``: the front door."""
 from __future__ import annotations
 
-import copy
 import functools
 import os
 from typing import Any
@@ -81,7 +80,7 @@ def compile_under(model: Any, compilation: Compilation) -> Any:
             after_call()
             return out
 
-        compiled = copy.copy(model)
+        compiled = _shallow_copy(model)
         compiled._compiled_call_impl = call_compiled
         object.__setattr__(compiled, _ATTR, compilation)
         return compiled
@@ -101,6 +100,16 @@ def compile_under(model: Any, compilation: Compilation) -> Any:
 
     setattr(compiled_fn, _ATTR, compilation)
     return compiled_fn
+
+
+def _shallow_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A new instance of the module's class sharing its ``__dict__``'s values (parameters, buffers,
+    submodules, hooks). Not ``copy.copy``: that goes through the class's pickling protocol, and
+    DistributedDataParallel's refuses a non-default process group and, with the default one,
+    builds a second gradient reducer for the copy."""
+    compiled = object.__new__(type(module))
+    compiled.__dict__.update(module.__dict__)
+    return compiled
 
 
 def compilation_of(compiled: Any) -> Compilation:

@@ -318,6 +318,12 @@ def aot_compile(gm: torch.fx.GraphModule, example_inputs: list, *, forward: Call
         extra["partition_fn"] = partition_fn
     if inference is not None and "inference_compiler" in inspect.signature(aot_module_simplified).parameters:
         extra["inference_compiler"] = boxed(inference)
+    # Counted as torch's own AOTAutograd backends count: DDPOptimizer (DistributedDataParallel's
+    # graph split at bucket boundaries) reads this counter to learn that a bucket's graph went
+    # through AOTAutograd, so that it takes the fake first call AOTAutograd returns then and keeps
+    # each bucket's forward metadata for its backward; uncounted, that fake output reaches the user.
+    from torch._dynamo.utils import counters
+    counters["aot_autograd"]["total"] += 1
     return aot_module_simplified(gm, example_inputs, fw_compiler=boxed(forward),
                                  bw_compiler=boxed(backward), keep_inference_input_mutations=True,
                                  **extra)
@@ -510,6 +516,37 @@ def fake_propagate(gm: torch.fx.GraphModule, example_inputs: list) -> list:
     fakes = [mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for v in example_inputs]
     FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
     return fakes
+
+
+def static_tensor_metadata(gm: torch.fx.GraphModule) -> list[dict] | None:
+    """Shape, stride, dtype and device of each placeholder's ``meta['val']``, or None when one is
+    not a tensor of static sizes (what :func:`propagate_metadata` can rebuild)."""
+    out = []
+    for node in gm.graph.find_nodes(op="placeholder"):
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            return None
+        sizes = [*val.shape, *val.stride()]
+        if not all(type(s) is int for s in sizes):
+            return None
+        out.append({"shape": list(val.shape), "stride": list(val.stride()), "dtype": str(val.dtype).split(".")[-1],
+                    "device": str(val.device)})
+    return out
+
+
+def propagate_metadata(gm: torch.fx.GraphModule, metadata: list[dict], like: list) -> None:
+    """Fill ``node.meta['val']`` of every node of ``gm`` (a graph rebuilt from the cache, which
+    keeps no metadata) from placeholders described by :func:`static_tensor_metadata`, in the
+    fake mode of the tensors ``like`` (AOTAutograd reads these values after its partitioner)."""
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+    mode = fake_mode_of(like)
+    if mode is None:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        mode = FakeTensorMode()
+    with mode:
+        fakes = [torch.empty_strided(m["shape"], m["stride"], dtype=getattr(torch, m["dtype"]),
+                                     device=torch.device(m["device"])) for m in metadata]
+    FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
 
 
 def size_hint(value: Any) -> Any:

@@ -10,6 +10,11 @@ it with eager: the halves are compared with what the split produced, and the tes
 and gradients with eager. The instrumentation hooks (``pipeline_before_pass`` /
 ``pipeline_after_pass``) see the joint passes; the split pass, which takes one graph and gives
 two, is timed and recorded but not passed to those hooks.
+
+The split is cached like a compiled graph (docs/caching.md): keyed on the joint graph as
+AOTAutograd traced it and on the passes up to the split pass, one entry per half. On a hit no
+joint pass runs; the halves' metadata, which AOTAutograd reads after its partitioner, is
+restored by fake-tensor propagation from the input shapes the entry records.
 """
 from __future__ import annotations
 
@@ -55,6 +60,19 @@ def split_training_graph(compilation: Any, joint: JointGraph, passes: list[Bound
     manager = PassManager(passes, registry=compilation.registry,
                           plugin_manager=compilation.registry.plugin_manager(instruments),
                           check_invariants=plan.verify != "off")
+    probes, cached = _cached_halves(compilation, joint, [compilation.capture, *passes, split], graph_id,
+                                    context.target)
+    record.cache = probes[0].summary()
+    if cached is not None:
+        halves, recorded = cached
+        joint_tags["tags"] = set(recorded.get("tags", []))
+        context.tags = set(joint_tags["tags"])
+        context.notes.append({"pass": None, "topic": "cache", "message":
+                              "cache hit: forward and backward rebuilt from the cache, no joint pass ran"})
+        record.notes, record.tags = context.notes, sorted(context.tags)
+        record.seconds = time.perf_counter() - start
+        compilation.compile_seconds += record.seconds
+        return halves
     try:
         graph = manager.run(module, context)
         # Re-tracing passes rename placeholders (arg0_1, ...); the joint's calling convention
@@ -63,6 +81,8 @@ def split_training_graph(compilation: Any, joint: JointGraph, passes: list[Bound
         halves = _run_split(split, attrs.evolve(joint, module=graph), context, record,
                             compilation.record_sources)
         joint_tags["tags"] = set(context.tags)
+        _store_halves(compilation, probes, halves, context)
+        record.cache = probes[0].summary()
     except PipelineError as exc:
         if plan.on_error != "eager" or original is None:
             raise
@@ -78,6 +98,42 @@ def split_training_graph(compilation: Any, joint: JointGraph, passes: list[Bound
         record.seconds = time.perf_counter() - start
         compilation.compile_seconds += record.seconds
     return halves
+
+
+def _cached_halves(compilation: Any, joint: JointGraph, passes: list[BoundPass], graph_id: str,
+                   target: str) -> tuple[list, tuple | None]:
+    """Probes of the cache entries holding this joint graph's split (one per half, keyed on the
+    joint graph as captured and on every pass up to the split) and, when both are there, the
+    halves with their metadata restored and what the compile that stored them recorded."""
+    probes, found = [], []
+    for half in ("forward", "backward"):
+        probe, graph, recorded = compilation.cache.lookup(
+            joint.module, joint.example_inputs, plan=compilation.plan, passes=passes, role=f"joint-{half}",
+            target=target, graph_id=f"{graph_id} ({half})", bypass=compilation._cache_bypass())
+        probes.append(probe)
+        found.append((graph, recorded))
+    if any(graph is None for graph, _ in found):
+        return probes, None
+    try:
+        for graph, recorded in found:
+            compat.propagate_metadata(graph, recorded["inputs"], joint.example_inputs)
+    except Exception as exc:  # noqa: BLE001 - an entry that cannot be restored here is compiled again
+        for probe in probes:
+            probe.status, probe.reason = "miss", f"entry could not be restored: {type(exc).__name__}: {exc}"
+        return probes, None
+    return probes, ((found[0][0], found[1][0]), found[0][1])
+
+
+def _store_halves(compilation: Any, probes: list, halves: tuple, context: PassContext) -> None:
+    """Store each half of a split made on a cache miss (static shapes only: the entry records its
+    inputs' shapes to restore the metadata AOTAutograd reads)."""
+    for probe, graph in zip(probes, halves):
+        inputs = compat.static_tensor_metadata(graph)
+        if inputs is None:
+            probe.reason = "not stored: a joint split with symbolic sizes or non-tensor inputs is not cached"
+            continue
+        compilation.cache.store(probe, graph, target=context.target,
+                                record={"tags": sorted(context.tags), "inputs": inputs})
 
 
 def _run_split(split: BoundPass, joint: JointGraph, context: PassContext, record: GraphRecord,
