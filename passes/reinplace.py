@@ -69,12 +69,13 @@ class Reinplace(Pass):
     version = "1"
     requires = frozenset({"aten"})
     invalidates = frozenset({"functional"})
+    uses_fuel = True
 
     def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
-        order = {n: i for i, n in enumerate(graph.graph.nodes)}
         done = 0
         for writeback in [n for n in graph.graph.nodes if _is_writeback(n)]:
             root = writeback.args[0]
+            order = {n: i for i, n in enumerate(graph.graph.nodes)}   # rewrites of earlier inputs add nodes
             steps = _chain(writeback, order)
             if isinstance(steps, str):
                 context.note(f"{root.name}: kept functional ({steps})")
@@ -92,8 +93,6 @@ class Reinplace(Pass):
         if done:
             _drop_unused_views(graph.graph)
         return finish(graph)
-
-    uses_fuel = True
 
 
 def _is_writeback(node: torch.fx.Node) -> bool:
