@@ -57,8 +57,8 @@ _KEY_DOCS: dict[str, tuple[str | None, str]] = {
     "on_error": (None, "`raise`: a failing graph pass or verification raises. `eager`: that graph runs as "
                        "captured (eagerly) instead, with a warning, and the reason is recorded as a "
                        "fallback in the compile record."),
-    "cache": (None, "Compile-cache settings (table below). Validated and recorded; the on-disk compile "
-                    "cache that will use them is not built yet."),
+    "cache": (None, "Compile-cache settings (table below): where compiled graphs and kernels are kept "
+                    "and reused across processes (see docs/caching.md)."),
     "expect": (None, "What the compile must achieve (table below); checked after every call that compiled "
                      "something."),
     "shapes": (None, "Declared shape buckets: each bucketed input dimension is padded up to its bucket at call "
