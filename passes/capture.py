@@ -13,6 +13,8 @@ from pipeline import CaptureContext, CapturePass, GraphCompiler, option, positiv
 from pipeline import compat
 from pipeline.errors import GraphBreakError, PipelineError, RecompileError
 
+from .regions import with_own_code
+
 
 @attrs.frozen
 class CaptureOptions:
@@ -130,20 +132,9 @@ def _module_caller(module: torch.nn.Module) -> Callable:
     def call_module(*args: Any, **kwargs: Any) -> Any:
         return module(*args, **kwargs)
 
-    # A fresh, uniquely named code object per compiled module: Dynamo keeps its cache and counts
-    # recompiles per code object, and keys automatic-dynamic shape state on (file, line, name), so
-    # two modules compiled separately must share neither (else the second one's first call is
-    # compiled with dynamic shapes because the first one saw other sizes).
-    global _compiled_modules
-    _compiled_modules += 1
-    name = f"compiled_{type(module).__name__}_{_compiled_modules}"
-    code = call_module.__code__
-    names = {"co_name": name, **({"co_qualname": name} if hasattr(code, "co_qualname") else {})}
-    call_module.__code__ = code.replace(**names)
-    return call_module
-
-
-_compiled_modules = 0
+    # One code object per compiled module (see with_own_code): separately compiled modules share
+    # neither Dynamo's cache and recompile count nor its automatic-dynamic shape state.
+    return with_own_code(call_module, f"compiled_{type(module).__name__}")
 
 
 def _graph_break_message(exc: BaseException) -> str:

@@ -14,13 +14,26 @@ compiled path only for the duration of a call of the compiled model, so the user
 model object keeps running eagerly."""
 from __future__ import annotations
 
+import itertools
 from typing import Any, Callable
 
 import torch
 
 from pipeline.errors import PipelineError, nearest
 
-_functions = 0
+_serial = itertools.count(1)
+
+
+def with_own_code(fn: Callable, prefix: str) -> Callable:
+    """``fn`` with a fresh, uniquely named code object: Dynamo keeps its cache and counts recompiles
+    per code object, and keys automatic-dynamic shape state on (file, line, name), so two functions
+    compiled separately must share neither (else the second one's first call is compiled with
+    dynamic shapes because the first one saw other sizes)."""
+    name = f"{prefix}_{next(_serial)}"
+    code = fn.__code__
+    names = {"co_name": name, **({"co_qualname": name} if hasattr(code, "co_qualname") else {})}
+    fn.__code__ = code.replace(**names)
+    return fn
 
 
 def region_class_name(cls: type) -> str:
@@ -57,13 +70,7 @@ def _region_function(cls: type) -> Callable:
     def call_region(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         return module._call_impl(*args, **kwargs)
 
-    global _functions
-    _functions += 1
-    name = f"region_{cls.__name__}_{_functions}"
-    code = call_region.__code__
-    names = {"co_name": name, **({"co_qualname": name} if hasattr(code, "co_qualname") else {})}
-    call_region.__code__ = code.replace(**names)
-    return call_region
+    return with_own_code(call_region, f"region_{cls.__name__}")
 
 
 class RegionalRunner:
