@@ -1,14 +1,24 @@
-"""Profile one GPU workload under eager, Inductor and a plan: top CUDA kernels by time.
+"""Profile one GPU workload under eager, Inductor and a plan: CUDA time per kernel category and the
+top kernels, or the host side.
 
-    python benchmarks/profile_gpu.py gpt2 [--plan default] [--host]
+    python benchmarks/profile_gpu.py gpt2 [--plan default] [--host] [--out DIR]
+    python benchmarks/profile_gpu.py --train [--strategy save-all] [--out DIR]
 
 ``--host`` profiles the host side instead (cProfile over 20 calls, by own time): where the
-per-call CPU time of the generated wrapper goes.
+per-call CPU time of the generated wrapper goes. ``--train`` profiles one GPT-2 6-layer train
+step (forward, backward, AdamW) of eager, Inductor and the ``training`` plan. Per variant the
+summary gives the wall time of a step, the summed CUDA kernel time (their gap is time the GPU
+waits on the host) and that kernel time by category (matmul, attention, Triton, ATen pointwise,
+reductions, copies, memsets, optimizer), so two variants can be compared line by line.
 """
 from __future__ import annotations
 
 import argparse
+import copy
+import re
 import sys
+import time
+from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -19,40 +29,125 @@ from gpu_suite import workloads  # noqa: E402
 
 from pipeline import compile_with_plan  # noqa: E402
 
+CATEGORIES = [   # (category, pattern on the kernel name), first match wins
+    ("optimizer", r"multi_tensor|adam|foreach"),
+    ("attention", r"flash|fmha|attention|sdpa|efficient"),
+    ("matmul", r"gemm|cutlass|sm90_|nvjet|matmul|cublas|xmma|splitK"),
+    ("triton", r"^triton|^fused_|^tem_"),
+    ("memset", r"memset|fill"),
+    ("copy", r"copy|memcpy|cat|index"),
+    ("reduction", r"reduce|softmax|norm|sum|max|nll|cross_entropy|embedding"),
+    ("aten pointwise", r"elementwise|vectorized|unrolled"),
+]
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("workload")
-    parser.add_argument("--plan", default="default")
-    parser.add_argument("--rows", type=int, default=15)
-    parser.add_argument("--host", action="store_true")
-    args = parser.parse_args()
-    name, build, _ = next(w for w in workloads() if args.workload in w[0])
+
+def category(name: str) -> str:
+    for label, pattern in CATEGORIES:
+        if re.search(pattern, name, re.IGNORECASE):
+            return label
+    return "other"
+
+
+def profile_summary(label: str, step, *, steps: int = 3, rows: int = 12) -> str:
+    """Wall ms per step, CUDA kernel ms per step, per category and the top kernels of ``step``."""
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - start) * 1e3 / steps
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    per_cat: dict = defaultdict(lambda: [0.0, 0])
+    for e in kernels:
+        entry = per_cat[category(e.key)]
+        entry[0] += e.self_device_time_total / 1e3 / steps
+        entry[1] += e.count / steps
+    total = sum(v[0] for v in per_cat.values())
+    lines = [f"== {label}: wall {wall:.2f} ms/step, CUDA kernels {total:.2f} ms/step "
+             f"({sum(v[1] for v in per_cat.values()):.0f} launches)"]
+    for name, (ms, count) in sorted(per_cat.items(), key=lambda kv: -kv[1][0]):
+        lines.append(f"   {name:15s} {ms:7.3f} ms  {count:5.0f} launches")
+    lines.append("   top kernels:")
+    for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:rows]:
+        lines.append(f"   {e.self_device_time_total / 1e3 / steps:7.3f} ms x{e.count // steps:<4d} {e.key[:90]}")
+    return "\n".join(lines)
+
+
+def train_variants(strategies: list[str], skip: set):
+    from train_suite import gpt2_train, train_step
+    torch.manual_seed(0)
+    initial = gpt2_train().cuda()
+    ids = torch.randint(0, 50257, (8, 512), device="cuda")
+    variants = [("eager", lambda m: m), ("inductor", torch.compile)]
+    variants += [(f"ours:training:{s}",
+                  lambda m, s=s: compile_with_plan(m, "training", options={"partition": {"strategy": s}}))
+                 for s in strategies]
+    for label, make in variants:
+        if label.split(":")[0] in skip:
+            continue
+        model = copy.deepcopy(initial)
+        compiled = make(model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        yield label, lambda: train_step(compiled, optimizer, (ids,), "cuda", torch.bfloat16)
+
+
+def inference_variants(workload: str, plan: str):
+    name, build, _ = next(w for w in workloads() if workload in w[0])
     torch.manual_seed(0)
     model, inputs = build()
-    with torch.no_grad():
-        for label, fn in (("inductor", torch.compile(model)), (f"ours:{args.plan}", compile_with_plan(model, args.plan))):
-            for _ in range(3):
-                fn(*inputs)
-            torch.cuda.synchronize()
-            if args.host:
-                import cProfile
-                import pstats
-                profiler = cProfile.Profile()
-                profiler.enable()
-                for _ in range(20):
-                    fn(*inputs)
-                profiler.disable()
-                torch.cuda.synchronize()
-                print(f"== {name}: {label} (host, 20 calls)")
-                pstats.Stats(profiler).sort_stats("tottime").print_stats(args.rows)
-                continue
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                for _ in range(5):
-                    fn(*inputs)
-                torch.cuda.synchronize()
-            print(f"== {name}: {label}")
-            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.rows, max_name_column_width=70))
+    for label, fn in (("inductor", torch.compile(model)), (f"ours:{plan}", compile_with_plan(model, plan))):
+        def call(fn=fn):
+            with torch.no_grad():
+                return fn(*inputs)
+        yield f"{name}: {label}", call
+
+
+def host_profile(label: str, call, rows: int) -> str:
+    import cProfile
+    import io
+    import pstats
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(20):
+        call()
+    profiler.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(rows)
+    return f"== {label} (host, 20 calls)\n{text.getvalue()}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("workload", nargs="?", default="gpt2")
+    parser.add_argument("--plan", default="default")
+    parser.add_argument("--train", action="store_true")
+    parser.add_argument("--strategy", default="save-all", help="partition strategies, comma-separated")
+    parser.add_argument("--skip", default="", help="variants left out: eager, inductor (--train)")
+    parser.add_argument("--rows", type=int, default=12)
+    parser.add_argument("--host", action="store_true")
+    parser.add_argument("--out", default=None, help="also write the summary to DIR/profile-<name>.txt")
+    args = parser.parse_args()
+    skip = set(args.skip.split(","))
+    variants = train_variants(args.strategy.split(","), skip) if args.train else inference_variants(args.workload, args.plan)
+    texts = []
+    for label, call in variants:
+        text = host_profile(label, call, args.rows) if args.host else profile_summary(label, call, rows=args.rows)
+        print(text, flush=True)
+        texts.append(text)
+    if args.out:
+        stem = "train" if args.train else args.workload.replace(" ", "_")
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / f"profile-{stem}{'-host' if args.host else ''}.txt").write_text("\n".join(texts) + "\n")
     return 0
 
 

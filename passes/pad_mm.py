@@ -5,6 +5,9 @@ vocabulary sends its LM head to an sm75-era kernel on the H200, 3.4 ms instead o
 zero-pads the K and N dimensions of ``mm``/``addmm``/``bmm`` to a multiple and slices the result
 back. A transposed weight (``linear``'s ``weight.t()``) is padded in its own layout, then transposed:
 a dense copy, where padding the transposed view is a transposing copy ten times slower on the H200.
+A transposed left operand (``grad_out.t() @ x``, a weight gradient) has M as its leading
+dimension: a misaligned M is padded the same way (in the source's layout) and the extra rows of
+the result are sliced off. Identical pads of one tensor are made once and shared.
 A matmul result that is itself a graph output is made contiguous; a result reshaped on its way out
 keeps the padded row stride (as Inductor's padded matmuls do), saving a copy of the whole output.
 """
@@ -28,7 +31,8 @@ def _devices_known(values: list[str]) -> str | None:
 
 @attrs.frozen
 class PadMmOptions:
-    multiple: int = option(8, "Pad K and N up to a multiple of this many elements.", check=positive)
+    multiple: int = option(8, "Pad K and N (and M of a transposed left operand) up to a multiple of this "
+                                "many elements.", check=positive)
     min_size: int = option(1024, "Only pad matmuls whose N (or K) is at least this large.", check=positive)
     devices: list[str] = option(["cuda"], "Devices whose matmuls are padded (cuBLAS is what needs it).",
                                 check=_devices_known)
@@ -43,12 +47,13 @@ class PadMatmul(Pass):
 
     name = "pad-mm"
     Options = PadMmOptions
-    version = "2"
+    version = "3"
     requires = frozenset({"aten"})
 
     def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
         opts = self.options
         padded = 0
+        pads: dict = {}
         outputs = {a for a in next(n for n in graph.graph.nodes if n.op == "output").all_input_nodes}
         for node in list(graph.graph.nodes):
             if node.op != "call_function" or node.target not in (aten.mm.default, aten.addmm.default,
@@ -59,15 +64,16 @@ class PadMatmul(Pass):
                 continue
             has_bias = node.target is aten.addmm.default
             a, b = (node.args[1], node.args[2]) if has_bias else (node.args[0], node.args[1])
-            k, n = meta_of(a).shape[-1], meta_of(b).shape[-1]
-            pad_k = _pad_amount(k, opts.multiple) if isinstance(k, int) and k >= opts.min_size else 0
-            pad_n = _pad_amount(n, opts.multiple) if isinstance(n, int) and n >= opts.min_size else 0
-            if not (pad_k or pad_n):
+            m, k, n = meta_of(a).shape[-2], meta_of(a).shape[-1], meta_of(b).shape[-1]
+            pad_k = self._pad(k)
+            pad_n = self._pad(n)
+            pad_m = self._pad(m) if (node.target is aten.mm.default
+                                     and _transposed_source(a) is not None) else 0
+            if not (pad_k or pad_n or pad_m):
                 continue
             with graph.graph.inserting_before(node):
-                if pad_k:
-                    a = graph.graph.call_function(aten.constant_pad_nd.default, (a, [0, pad_k]))
-                b = _pad_operand(graph.graph, b, pad_k, pad_n)
+                a = _pad_left(graph.graph, a, pad_m, pad_k, pads)
+                b = _pad_operand(graph.graph, b, pad_k, pad_n, pads)
                 if has_bias:
                     bias = node.args[0]
                     if pad_n:
@@ -80,19 +86,49 @@ class PadMatmul(Pass):
                 else:
                     product = graph.graph.call_function(node.target, (a, b))
                 result = product
+                if pad_m:
+                    result = graph.graph.call_function(aten.slice.Tensor, (result, 0, 0, m))
                 if pad_n:
-                    result = graph.graph.call_function(aten.slice.Tensor, (product, out.dim() - 1, 0, n))
-                    if node in outputs:
-                        result = graph.graph.call_function(aten.clone.default, (result,),
-                                                           {"memory_format": torch.contiguous_format})
+                    result = graph.graph.call_function(aten.slice.Tensor, (result, out.dim() - 1, 0, n))
+                if (pad_n or pad_m) and node in outputs:
+                    result = graph.graph.call_function(aten.clone.default, (result,),
+                                                       {"memory_format": torch.contiguous_format})
             node.replace_all_uses_with(result)
             graph.graph.erase_node(node)
             padded += 1
-            context.note(f"{node.name}: padded K by {pad_k} and N by {pad_n} to multiples of {opts.multiple}")
+            context.note(f"{node.name}: padded M by {pad_m}, K by {pad_k} and N by {pad_n} to multiples of "
+                         f"{opts.multiple}")
         if not padded:
             return graph
         graph = finish(graph)
         return _with_metadata(graph, context)
+
+
+    def _pad(self, size) -> int:
+        """Elements to add to ``size`` (0 when it is aligned, symbolic or under ``min_size``)."""
+        if not isinstance(size, int) or size < self.options.min_size:
+            return 0
+        return _pad_amount(size, self.options.multiple)
+
+
+def _padded(graph: torch.fx.Graph, source: torch.fx.Node, pad: list, pads: dict) -> torch.fx.Node:
+    """``constant_pad_nd(source, pad)``, made once per (source, pad) in a graph."""
+    key = (source, tuple(pad))
+    if key not in pads:
+        pads[key] = graph.call_function(aten.constant_pad_nd.default, (source, list(pad)))
+    return pads[key]
+
+
+def _pad_left(graph: torch.fx.Graph, a: torch.fx.Node, pad_m: int, pad_k: int, pads: dict) -> torch.fx.Node:
+    """``a`` (M x K) zero-padded by ``pad_m`` rows and ``pad_k`` columns; a transposed ``a`` is
+    padded in its source's layout (see :func:`_pad_operand`)."""
+    if not (pad_m or pad_k):
+        return a
+    source = _transposed_source(a)
+    if source is not None:
+        pad = [0, pad_m] if not pad_k else [0, pad_m, 0, pad_k]
+        return graph.call_function(aten.permute.default, (_padded(graph, source, pad, pads), [1, 0]))
+    return _padded(graph, a, [0, pad_k], pads)
 
 
 def _transposed_source(node: torch.fx.Node) -> torch.fx.Node | None:
@@ -105,7 +141,7 @@ def _transposed_source(node: torch.fx.Node) -> torch.fx.Node | None:
     return None
 
 
-def _pad_operand(graph: torch.fx.Graph, b: torch.fx.Node, pad_k: int, pad_n: int) -> torch.fx.Node:
+def _pad_operand(graph: torch.fx.Graph, b: torch.fx.Node, pad_k: int, pad_n: int, pads: dict) -> torch.fx.Node:
     """``b`` (K x N) zero-padded by ``pad_k`` rows and ``pad_n`` columns. A transposed weight is
     padded in its own layout and transposed again: a dense copy the size of the weight, where
     padding the transposed view would be a slow transposing copy."""
@@ -113,9 +149,9 @@ def _pad_operand(graph: torch.fx.Graph, b: torch.fx.Node, pad_k: int, pad_n: int
         return b
     source = _transposed_source(b)
     if source is not None:
-        padded = graph.call_function(aten.constant_pad_nd.default, (source, [0, pad_k, 0, pad_n]))
-        return graph.call_function(aten.permute.default, (padded, [1, 0]))
-    return graph.call_function(aten.constant_pad_nd.default, (b, [0, pad_n, 0, pad_k]))
+        pad = [0, pad_k] if not pad_n else [0, pad_k, 0, pad_n]
+        return graph.call_function(aten.permute.default, (_padded(graph, source, pad, pads), [1, 0]))
+    return _padded(graph, b, [0, pad_n] if not pad_k else [0, pad_n, 0, pad_k], pads)
 
 
 def _with_metadata(graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:

@@ -199,3 +199,53 @@ def test_inputs_of_another_dtype_than_compiled_for_run_the_group_eagerly(monkeyp
     x = torch.randn(4, 8, dtype=torch.float64)
     (out,) = kernel(x)
     assert out.dtype == torch.float64 and compare(softmax(x), out) is None
+
+
+def cross_entropy_of_bf16_logits(logits, labels):
+    return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.view(-1))
+
+
+def log_softmax_then_bf16(x, w):
+    return torch.log_softmax(x.view(-1, x.shape[-1]) * w, -1).view(x.shape).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("fn,args,joined", [
+    (cross_entropy_of_bf16_logits, (torch.randn(2, 8, 50, dtype=torch.bfloat16), torch.randint(0, 50, (2, 8))),
+     "aten._to_copy"),
+    (log_softmax_then_bf16, (torch.randn(2, 8, 50), torch.randn(50)), "aten._to_copy"),
+], ids=["prologue_across_reshape", "epilogue_across_reshape"])
+def test_elementwise_work_across_a_reshape_joins_the_reduction_kernel(fn, args, joined):
+    """The dtype conversion on the other side of a reshape is part of the row kernel, not a
+    kernel of its own writing an fp32 copy."""
+    record = compiled_record(fn, *args)
+    rows = [k for k in record.contents["kernels"] if "aten.amax" in k["ops"]]
+    assert len(rows) == 1 and joined in rows[0]["ops"]
+    assert not any(k["ops"] == [joined] for k in record.contents["kernels"])
+
+
+def test_view_motion_can_be_turned_off():
+    args = (torch.randn(2, 8, 50, dtype=torch.bfloat16), torch.randint(0, 50, (2, 8)))
+    plan = {"extends": "cpu-inference", "options": {"fuse": {"move_views": False}}}
+    record = compiled_record(cross_entropy_of_bf16_logits, *args, plan=plan)
+    assert any(k["ops"] == ["aten._to_copy"] for k in record.contents["kernels"])
+
+
+@settings(deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(["contiguous", "transposed", "sliced"]), st.sampled_from(["hoist", "sink"]),
+       st.integers(1, 4), st.integers(2, 6), st.integers(2, 9))
+def test_view_motion_preserves_semantics_on_any_layout(layout, direction, a, b, c):
+    """Views are moved only where they are valid on the operands' layouts; elsewhere the graph
+    stays as it was. Either way the result equals eager's."""
+    base = torch.randn(a, b, c + 1)
+    x = {"contiguous": base[..., :c].contiguous(), "transposed": base[..., :c].transpose(0, 1).contiguous()
+         .transpose(0, 1), "sliced": base[..., :c]}[layout]
+    w = torch.randn(c)
+
+    def hoist(x, w):
+        return torch.softmax((x.double() * 2).reshape(-1, c) + w, -1)
+
+    def sink(x, w):
+        return (torch.softmax(x.reshape(-1, c) * w, -1).reshape(a, b, c) + 1).to(torch.float64)
+
+    torch._dynamo.reset()       # every example compiles a fresh function of the same code
+    compiled_record(hoist if direction == "hoist" else sink, x, w)

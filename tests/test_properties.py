@@ -76,21 +76,35 @@ def test_default_plan_preserves_semantics(case):
 matmul_shapes = st.fixed_dictionaries({
     "m": st.integers(1, 9), "k": st.integers(1, 20), "n": st.integers(1, 20),
     "bias": st.sampled_from(["none", "row", "full"]), "transposed": st.booleans(),
+    "left_transposed": st.booleans(),
 })
 
 
 @settings(FAST, max_examples=30)
 @given(matmul_shapes)
 def test_pad_mm_preserves_semantics(shape):
+    """Padded K, N and (for a transposed left operand, as in a weight gradient) M, with and without
+    bias; the left operand's source also feeds a second matmul, so a shared pad is exercised."""
     from passes.pad_mm import PadMatmul, PadMmOptions
 
     m, k, n = shape["m"], shape["k"], shape["n"]
     weight = torch.randn(n, k) if shape["transposed"] else torch.randn(k, n)
+    left_t = shape["left_transposed"]
 
     def matmul(x, w, b):
-        product = x @ (w.t() if shape["transposed"] else w)
-        return product if shape["bias"] == "none" else product + b
+        left = x.t() if left_t else x
+        product = left @ (w.t() if shape["transposed"] else w)
+        out = product if shape["bias"] == "none" else product + b
+        return out, (x @ x.t() if left_t else x.t() @ x)
 
     bias = torch.randn(n) if shape["bias"] == "row" else torch.randn(m, n)
+    x = torch.randn(k, m) if left_t else torch.randn(m, k)
     pass_ = PadMatmul(PadMmOptions(multiple=8, min_size=1, devices=["cpu"]))
-    assert_preserves_semantics(pass_, torch.fx.symbolic_trace(matmul), [torch.randn(m, k), weight, bias])
+    graph = compat_trace(matmul, [x, weight, bias])
+    assert_preserves_semantics(pass_, graph, [x, weight, bias])
+
+
+def compat_trace(fn, inputs):
+    """An ATen-level graph of ``fn`` (mm/addmm/t nodes, which pad-mm rewrites)."""
+    from pipeline import compat
+    return compat.retrace(torch.fx.symbolic_trace(fn), inputs)

@@ -3,9 +3,10 @@
 Mirrors ``cpp_ops.py``: values are computed in a *compute type* (fp32 for fp16/bf16/fp32, fp64,
 int64 for integers, int1 for bool), selects are ``tl.where``, and maximum/minimum/relu/clamp
 propagate NaN like eager. Only functions the Triton interpreter also has are used (``tl.exp``,
-``tl.log``, ``tl.sqrt_rn``, ``tl.math.erf``...); tanh, expm1, log1p, sinh, cosh, atan, asin, acos
-and pow are written from those as small ``@triton.jit`` helpers (:data:`HELPERS`) that a
-generated module includes when it uses them. Nothing here imports triton: it writes source.
+``tl.log``, ``tl.sqrt_rn``, ``tl.math.erf``...); tanh, expm1, log1p, sinh, cosh, atan, asin, acos,
+erf and pow are written from those as small ``@triton.jit`` helpers (:data:`HELPERS`) that a
+generated module includes when it uses them (erf, for speed: libdevice's fp32 erf costs a third of
+a fused layer norm + GELU kernel). Nothing here imports triton: it writes source.
 """
 from __future__ import annotations
 
@@ -142,6 +143,29 @@ def pp_tanh(x):
         y = -t / (2.0 + t)
         return tl.where(x < 0.0, -y, y)
 ''', ("pp_expm1",)),
+    "pp_erf": ('''
+@triton.jit
+def pp_erf(x):
+    # fp32 only (fp64 calls libdevice's erf). Branch-free: 17 instructions a value on sm_90 (9 FFMA,
+    # one MUFU.EX2, the select folded into a predicated LOP3) where libdevice's erff takes about 26
+    # (it moves one of two coefficient sets into registers per value). |x| < 0.45: x * q(x*x),
+    # accurate relative to x. Above:
+    # 1 - exp2(p(t)) with p(t) ~ log2(erfc(t)) and t = |x| clamped to 3.96875, where 1 - exp2(p)
+    # rounds to exactly 1. The constants are fitted by benchmarks/fit_erf.py, which measures them
+    # in fp32 over every float in [2**-12, 4]: absolute error <= 1e-7, relative <= 2e-7 below 0.5
+    # (plus <= 1.3e-7 absolute from a GPU's approximate exp2). NaN takes the small side and stays
+    # NaN; -0.0 stays -0.0.
+    a = tl.abs(x)
+    s = x * x
+    small = x * (((-0.0248397142 * s + 0.112584323) * s - 0.376116127) * s + 1.12837911)
+    t = tl.minimum(a, 3.96875)
+    p = (((((0.000321845495 * t - 0.00475024851) * t + 0.0334043726) * t - 0.152519926) * t
+          - 0.916539371) * t - 1.62838387) * t + 5.0467901e-05
+    big = 1.0 - tl.exp2(p)          # > 0, so ORing in x's sign bit is copysign (one LOP3)
+    sign = x.to(tl.uint32, bitcast=True) & 0x80000000
+    big = (big.to(tl.uint32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+    return tl.where(a >= 0.45, big, small)
+''', ()),
     "pp_sinh": ('''
 @triton.jit
 def pp_sinh(x):
@@ -232,6 +256,9 @@ def pointwise_expr(node, operand: Callable[[Any, str], str], uses: set[str]) -> 
     def a(i: int, ctype: str = ct) -> str:
         return operand(args[i], ctype)
 
+    def erf(x: str) -> str:
+        return f"tl.math.erf({x})" if ct == "tl.float64" else helper("pp_erf", x)
+
     def helper(fn: str, *values: str) -> str:
         if not is_float:
             raise NotImplementedError(f"{name} on {out_dtype}")
@@ -259,7 +286,7 @@ def pointwise_expr(node, operand: Callable[[Any, str], str], uses: set[str]) -> 
         return f"(-{a(0)})"
     float_fns = {"aten.exp": "tl.exp({0})", "aten.exp2": "tl.exp2({0})", "aten.log": "tl.log({0})",
                  "aten.log2": "tl.log2({0})", "aten.sin": "tl.sin({0})", "aten.cos": "tl.cos({0})",
-                 "aten.tan": "(tl.sin({0}) / tl.cos({0}))", "aten.erf": "tl.math.erf({0})",
+                 "aten.tan": "(tl.sin({0}) / tl.cos({0}))",
                  "aten.sigmoid": "(1.0 / (1.0 + tl.exp(-{0})))",
                  "aten.silu": "({0} / (1.0 + tl.exp(-{0})))", "aten.reciprocal": "(1.0 / {0})"}
     if name in float_fns:
@@ -276,6 +303,8 @@ def pointwise_expr(node, operand: Callable[[Any, str], str], uses: set[str]) -> 
                "aten.asin": "pp_asin", "aten.acos": "pp_acos"}
     if name in helpers:
         return helper(helpers[name], a(0))
+    if name == "aten.erf":
+        return erf(a(0))
     if name in ("aten.floor", "aten.ceil", "aten.trunc"):
         x = a(0)
         if not is_float:
@@ -343,7 +372,7 @@ def pointwise_expr(node, operand: Callable[[Any, str], str], uses: set[str]) -> 
         if kw.get("approximate", args[1] if len(args) > 1 else "none") == "tanh":
             inner = f"0.7978845608028654 * ({x} + 0.044715 * {x} * {x} * {x})"
             return f"(0.5 * {x} * (1.0 + {helper('pp_tanh', inner)}))"
-        return f"(0.5 * {x} * (1.0 + tl.math.erf({x} * 0.7071067811865476)))"
+        return f"(0.5 * {x} * (1.0 + {erf(f'{x} * 0.7071067811865476')}))"
     raise NotImplementedError(f"no Triton for {name}")
 
 

@@ -22,12 +22,15 @@ from pipeline.fused import FusedGroup, meta_of, reduction_axes
 from .canonicalize import FUSION_DECOMPOSITIONS
 from .choices import FusionChoices
 from .legality import Group, can_grow, classify, creates_cycle, merge_problem, shape_problem
+from .views import move_views
 
 
 @attrs.frozen
 class FuseOptions:
     max_group_size: int = option(64, "Most ATen nodes one fused group may hold.", check=positive)
     reductions: bool = option(True, "Fuse reductions with their pointwise prologue and epilogue.")
+    move_views: bool = option(True, "Move reshapes across elementwise nodes so the elementwise work "
+                                    "joins the kernel on the other side (see passes/fuse/views.py).")
     max_notes: int = option(50, "Most rejected-fusion reasons recorded per graph in the report.",
                             check=positive)
 
@@ -37,12 +40,16 @@ class Fuse(Pass):
 
     name = "fuse"
     Options = FuseOptions
-    version = "1"
+    version = "2"
     requires = frozenset({"functional", "aten"})
     provides = frozenset({"fused"})
     Choices = FusionChoices
 
     def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
+        if self.options.move_views:
+            moved = move_views(graph)
+            if moved:
+                context.note(f"moved {moved} elementwise node(s) across reshapes", topic="fusion")
         with torch.no_grad():
             graph = compat.retrace(graph, context.example_inputs, decompositions=FUSION_DECOMPOSITIONS)
         graph.graph.eliminate_dead_code()  # unused outputs of rewritten reductions never become kernels

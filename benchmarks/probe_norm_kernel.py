@@ -1,0 +1,114 @@
+"""Where does the time of the generated layer norm + GELU + residual kernel go? (a GPU probe)
+
+    python benchmarks/probe_norm_kernel.py [--out DIR]
+
+Compiles ``layer_norm_gelu_residual`` (8192x4096 bf16) with the ``default`` plan, takes the Triton
+kernel the codegen wrote, and times edited copies of its source next to it: other warp counts and
+rows per program, without the bf16 rounding of intermediates, without the erf (not a valid kernel:
+it measures what the erf costs), and a kernel that only copies the rows (the ceiling for this
+launch shape). Each line gives ms per call and the share of the measured copy bandwidth.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workloads import layer_norm_gelu_residual  # noqa: E402
+
+from pipeline import compilation_of, compile_with_plan  # noqa: E402
+
+
+def load(source: str, tag: str):
+    path = Path(tempfile.mkdtemp()) / f"probe_{tag}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def cuda_ms(fn, iters: int = 200) -> float:
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / iters)
+    return sorted(times)[2]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    rows, cols = 8192, 4096
+    bf = torch.bfloat16
+    x = torch.randn(rows, cols, device="cuda", dtype=bf)
+    w, b = torch.randn(cols, device="cuda", dtype=bf), torch.randn(cols, device="cuda", dtype=bf)
+    compiled = compile_with_plan(layer_norm_gelu_residual, "default")
+    with torch.no_grad():
+        compiled(x, w, b)
+    kernel = compilation_of(compiled).graphs[0].contents["kernels"][0]
+    source = kernel["source"]
+    base = load(source, "base")
+    out = torch.empty_like(x)
+    nbytes = 2 * x.numel() * x.element_size()
+    copy_ms = cuda_ms(lambda: out.copy_(x))
+    lines = [f"copy 8192x4096 bf16: {copy_ms:.4f} ms = {nbytes / copy_ms / 1e6:.0f} GB/s", "",
+             "generated source:", source, ""]
+
+    def timed(label: str, module, xblock: int, warps: int, stages: int | None = None) -> None:
+        extra = {} if stages is None else {"num_stages": stages}
+        fn = module.KERNEL
+        grid = (rows // xblock,)
+        call = lambda: fn[grid](x, w, b, out, XBLOCK=xblock, RBLOCK=cols, num_warps=warps, **extra)  # noqa: E731
+        try:
+            ms = cuda_ms(call)
+        except Exception as exc:  # noqa: BLE001 - a probe line, not a crash
+            lines.append(f"{label:45s} failed: {type(exc).__name__}: {str(exc)[:120]}")
+            return
+        lines.append(f"{label:45s} {ms:.4f} ms  {copy_ms / ms * 100:5.1f} % of copy bw")
+
+    for xblock in (1, 2, 4):
+        for warps in (2, 4, 8, 16):
+            timed(f"generated XBLOCK={xblock} warps={warps}", base, xblock, warps)
+    unrounded = re.sub(r"\.to\(tl\.bfloat16\)\.to\(tl\.float32\)", "", source)
+    timed("no bf16 rounding of intermediates, XBLOCK=1 w4", load(unrounded, "unrounded"), 1, 4)
+    timed("no bf16 rounding, XBLOCK=2 w8", load(unrounded, "unrounded2"), 2, 8)
+    no_erf = re.sub(r"tl\.math\.erf\(([^()]*)\)", r"(\1)", unrounded)
+    timed("no rounding, no erf (invalid), XBLOCK=1 w4", load(no_erf, "noerf"), 1, 4)
+    timed("no rounding, no erf (invalid), XBLOCK=2 w8", load(no_erf, "noerf2"), 2, 8)
+    copy_only = re.sub(r"tl\.store\((\w+) \+ \((.*)\), .*\)\n", r"tl.store(\1 + (\2), t1.to(tl.bfloat16))\n", source)
+    copy_only = "\n".join(line for line in copy_only.splitlines()
+                          if not line.strip().startswith(("v_", "a_", "t2", "t3")))
+    timed("load+store only, XBLOCK=1 w4", load(copy_only, "copy"), 1, 4)
+    timed("load+store only, XBLOCK=2 w8", load(copy_only, "copy2"), 2, 8)
+    inductor = torch.compile(layer_norm_gelu_residual)
+    with torch.no_grad():
+        inductor(x, w, b)
+        ms = cuda_ms(lambda: inductor(x, w, b))
+    lines.append(f"{'inductor default (whole call)':45s} {ms:.4f} ms  {copy_ms / ms * 100:5.1f} % of copy bw")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "probe-norm-kernel.txt").write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""View motion: move reshapes across pointwise nodes so that the pointwise work lands in the shape
+of the kernel it can join.
+
+A reshape between a pointwise node and a reduction stops fusion: the reduction iterates the new
+shape, the pointwise node the old one. GPT-2's loss is the example: the bf16 logits ``[b, s, V]``
+are converted to fp32 (pointwise), reshaped to ``[b*s, V]`` and reduced by ``log_softmax``; its
+backward computes ``[b*s, V]`` and converts the reshaped ``[b, s, V]`` result back to bf16. With
+the reshape in between, each conversion is a kernel of its own writing an fp32 copy of the logits.
+
+Two rewrites, both exact for elementwise ops (an elementwise op commutes with any reshape of all
+its same-shaped operands):
+
+- **hoist**: ``view(f(a, b))`` becomes ``f(view(a), view(b))`` when ``f``'s operands come from
+  outside any kernel (graph inputs, extern calls, or pointwise nodes that are hoisted in turn) and
+  the view feeds a kernel: ``f`` then joins that kernel as its prologue.
+- **sink**: ``f(view(y))`` becomes ``view(f(y))`` when ``y`` is computed by a kernel and ``f``'s
+  result leaves (a graph output or an extern call): ``f`` joins ``y``'s kernel as an epilogue.
+
+Only views that are valid on every moved operand's layout are moved (checked on the operands'
+example values), and only elementwise nodes with operands of one shape (or 0-d) are crossed.
+All hoists run first, then all sinks, so the two never undo each other.
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from pipeline.fused import meta_of, packet_name
+
+from .legality import classify
+
+aten = torch.ops.aten
+VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+MAX_ROUNDS = 16
+
+
+def move_views(graph: torch.fx.GraphModule) -> int:
+    """Hoist, then sink, reshapes across elementwise nodes in ``graph`` (in place); returns how
+    many nodes moved. New nodes carry example values derived from the old ones; the caller
+    re-traces the graph for exact ones."""
+    moved = 0
+    for rewrite in (_hoist, _sink):
+        for _ in range(MAX_ROUNDS):
+            changed = sum(rewrite(graph.graph, node) for node in list(graph.graph.nodes)
+                          if node.graph is graph.graph)
+            moved += changed
+            if not changed:
+                break
+    if moved:
+        graph.graph.eliminate_dead_code()
+        graph.recompile()
+    return moved
+
+
+def _elementwise(node: torch.fx.Node) -> bool:
+    """A pointwise node whose tensor operands all have its shape (or are 0-d)."""
+    if node.op != "call_function" or classify(node)[0] != "pointwise":
+        return False
+    shape = tuple(meta_of(node).shape)
+    for arg in node.all_input_nodes:
+        value = meta_of(arg)
+        if not isinstance(value, torch.Tensor) or (value.dim() and tuple(value.shape) != shape):
+            return False
+    return True
+
+
+def _viewable(value: torch.Tensor, shape: list) -> bool:
+    """True when ``value``'s layout allows ``view(shape)`` without a copy."""
+    probe = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+    try:
+        probe.view(shape)
+    except (RuntimeError, ValueError):      # eager raises RuntimeError, the meta reference ValueError
+        return False
+    return True
+
+
+def _in_kernel(node: torch.fx.Node) -> bool:
+    """Computed by a fusable node (so a kernel, after ``fuse``)."""
+    return classify(node)[0] in ("pointwise", "reduction")
+
+
+def _feeds_kernel(node: torch.fx.Node) -> bool:
+    return any(classify(user)[0] in ("pointwise", "reduction") for user in node.users)
+
+
+def _hoistable_operand(arg: torch.fx.Node, user: torch.fx.Node) -> bool:
+    """An operand that can take a view: produced outside kernels, or by an elementwise node used
+    only here (which the next round hoists the view over in turn)."""
+    if arg.op == "placeholder" or not _in_kernel(arg):
+        return True
+    return (_elementwise(arg) and len(arg.users) == 1 and next(iter(arg.users)) is user
+            and packet_name(arg.target) != "aten.clone")
+
+
+def _hoist(graph: torch.fx.Graph, view: torch.fx.Node) -> int:
+    """``view(f(args))`` -> ``f(view(args))``; 1 if rewritten."""
+    if view.op != "call_function" or view.target not in VIEWS:
+        return 0
+    source = view.args[0]
+    if not isinstance(source, torch.fx.Node) or not _elementwise(source) or len(source.users) != 1:
+        return 0
+    if not _feeds_kernel(view):
+        return 0
+    shape = list(meta_of(view).shape)
+    tensors = [a for a in source.all_input_nodes if meta_of(a).dim()]
+    if not tensors or not all(_hoistable_operand(a, source) for a in tensors):
+        return 0
+    if not all(_viewable(meta_of(a), shape) for a in tensors):
+        return 0
+    with graph.inserting_before(source):
+        viewed = {}
+        for a in tensors:
+            viewed[a] = graph.call_function(aten.view.default, (a, shape))
+            viewed[a].meta["val"] = meta_of(a).view(shape)
+        moved = graph.call_function(source.target, *_remap(source, viewed))
+        moved.meta["val"] = meta_of(view)
+    view.replace_all_uses_with(moved)
+    graph.erase_node(view)
+    graph.erase_node(source)
+    return 1
+
+
+def _sink(graph: torch.fx.Graph, node: torch.fx.Node) -> int:
+    """``f(view(y), ...)`` -> ``view(f(y, ...))``; 1 if rewritten."""
+    if not _elementwise(node) or any(classify(u)[0] in ("pointwise", "reduction") for u in node.users):
+        return 0
+    tensors = [a for a in node.all_input_nodes if meta_of(a).dim()]
+    if not tensors or not all(a.op == "call_function" and a.target in VIEWS for a in tensors):
+        return 0
+    sources = [a.args[0] for a in tensors]
+    shapes = {tuple(meta_of(s).shape) for s in sources}
+    if len(shapes) != 1 or not any(_in_kernel(s) for s in sources):
+        return 0
+    if not all(meta_of(s).is_contiguous() for s in sources):
+        return 0       # f's result is then contiguous too, so viewing it back is valid
+    shape = list(meta_of(node).shape)
+    with graph.inserting_before(node):
+        moved = graph.call_function(node.target, *_remap(node, dict(zip(tensors, sources))))
+        moved.meta["val"] = torch.empty_like(meta_of(sources[0]), dtype=meta_of(node).dtype)
+        back = graph.call_function(aten.view.default, (moved, shape))
+        back.meta["val"] = meta_of(node)
+    node.replace_all_uses_with(back)
+    graph.erase_node(node)
+    return 1
+
+
+def _remap(node: torch.fx.Node, mapping: dict) -> tuple[tuple, dict]:
+    """``node``'s args and kwargs with the nodes in ``mapping`` replaced."""
+    def swap(value):
+        return mapping.get(value, value) if isinstance(value, torch.fx.Node) else value
+    return (tuple(torch.fx.node.map_aggregate(node.args, swap)),
+            dict(torch.fx.node.map_aggregate(node.kwargs, swap)))
