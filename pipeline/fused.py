@@ -37,6 +37,12 @@ REDUCTIONS = {"aten.sum", "prims.sum", "aten.amax", "aten.amin", "aten.argmax", 
 UNIT_RESHAPES = {"aten.view", "aten._unsafe_view", "aten.unsqueeze", "aten.squeeze", "aten.reshape",
                  "prims.broadcast_in_dim", "aten.expand"}
 FLOAT_TYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+# Operators that read no tensor, computed from nothing at each element: fills (a constant) and
+# index ramps (iota / arange: the element's index along one axis). Inside a kernel they cost no
+# memory traffic, so e.g. a one-hot ``where(iota == index, value, fill)`` never materializes.
+CONSTANTS = {"aten.full", "aten.scalar_tensor"}
+IOTAS = {"prims.iota", "aten.arange"}
+SOURCES = CONSTANTS | IOTAS
 
 
 def packet_name(target: Any) -> str:
@@ -51,6 +57,75 @@ def meta_of(value: Any) -> Any:
     if isinstance(value, torch.fx.Node):
         return value.meta.get("val")
     return value
+
+
+def constant_value(node: torch.fx.Node) -> Any:
+    """The Python scalar a fill (``aten.full``, ``aten.scalar_tensor``) holds, converted to its
+    dtype as eager converts it (so backends render it exactly); None for other nodes."""
+    name = packet_name(node.target) if node.op == "call_function" else None
+    if name not in CONSTANTS:
+        return None
+    value = node.args[1] if name == "aten.full" else node.args[0]
+    return torch.full((), value, dtype=meta_of(node).dtype).item()
+
+
+@attrs.frozen
+class Iota:
+    """An index ramp: the value at an element is ``start + step * k``, ``k`` its index along
+    ``axis`` of the node's own shape (``axis`` None: the ramp has one element, so it is ``start``
+    everywhere)."""
+
+    start: int
+    step: int
+    axis: int | None
+
+
+def iota_of(node: Any) -> Iota | None:
+    """The ramp a node computes: an integer ``prims.iota`` / ``aten.arange``, or a unit reshape
+    (size-1 axes added or dropped, an expand, a broadcast_in_dim) of one; None for anything else.
+    Reshapes keep the ramp exact because they move its one varying axis without reordering."""
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function":
+        return None
+    value = meta_of(node)
+    if not isinstance(value, torch.Tensor) or value.dtype.is_floating_point or value.dtype == torch.bool:
+        return None
+    name = packet_name(node.target)
+    shape = tuple(value.shape)
+    if name in IOTAS:
+        if name == "prims.iota":
+            start, step = node.kwargs.get("start"), node.kwargs.get("step")
+        else:
+            overload = node.target._overloadname
+            args = list(node.args)
+            if overload == "default":
+                start, step = 0, 1
+            elif overload == "start":
+                start, step = args[0], 1
+            elif overload == "start_step":
+                start, step = args[0], (args[2] if len(args) > 2 else node.kwargs.get("step", 1))
+            else:
+                return None
+        if not (type(start) is int and type(step) is int and len(shape) == 1):
+            return None
+        return Iota(start, step, 0 if shape[0] != 1 else None)
+    if name not in UNIT_RESHAPES or not node.args:
+        return None
+    inner = iota_of(node.args[0])
+    if inner is None or inner.axis is None:
+        return inner if inner is None else Iota(inner.start, inner.step, None)
+    source = tuple(meta_of(node.args[0]).shape)
+    if name == "aten.expand":
+        axis = len(shape) - len(source) + inner.axis
+    elif name == "prims.broadcast_in_dim":
+        axis = list(node.args[2])[inner.axis]
+    else:
+        if [s for s in source if s != 1] != [s for s in shape if s != 1]:
+            return None
+        rank = sum(1 for s in source[:inner.axis] if s != 1)
+        axis = [k for k, s in enumerate(shape) if s != 1][rank]
+    if not (0 <= axis < len(shape) and shape[axis] == source[inner.axis]):
+        return None
+    return Iota(inner.start, inner.step, axis)
 
 
 def reduction_axes(node: torch.fx.Node) -> tuple[int, ...]:
@@ -135,6 +210,11 @@ def node_level(node: torch.fx.Node, levels: dict, domain: tuple, reduced: tuple[
     may read an outer value only where eager broadcasting lines the value up with the kept axes.
     """
     shape = tuple(meta_of(node).shape)
+    if iota_of(node) is not None and outer_axis_map(shape, domain, reduced) is None:
+        # A ramp is computed from the loop indices, never loaded: any shape can live in the
+        # group (a ramp that does not line up with the domain only feeds reshapes of itself,
+        # which compute their own value; see pipeline.loops).
+        return "full", ""
     if packet_name(node.target) in REDUCTIONS:
         source = node.args[0]
         if tuple(meta_of(source).shape) != tuple(domain) or reduction_axes(node) != tuple(reduced):

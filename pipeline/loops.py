@@ -11,7 +11,8 @@ import attrs
 import torch
 import torch.fx
 
-from .fused import REDUCTIONS, UNIT_RESHAPES, FusedGroup, group_levels, meta_of, outer_axis_map, packet_name
+from .fused import (REDUCTIONS, UNIT_RESHAPES, FusedGroup, broadcasts_to, group_levels, iota_of, meta_of,
+                    outer_axis_map, packet_name)
 
 
 class UnsupportedGroup(Exception):
@@ -23,6 +24,16 @@ class Access:
     """How one tensor is addressed: element strides per loop axis (0 = broadcast)."""
 
     strides: tuple[int, ...]
+
+
+@attrs.frozen
+class Ramp:
+    """An index ramp's value at a loop point: ``start + step * i<axis>``, or ``start`` when
+    ``axis`` is None (a ramp of one element)."""
+
+    start: int
+    step: int
+    axis: int | None
 
 
 @attrs.define(eq=False)
@@ -38,6 +49,7 @@ class LoopNest:
     loads: dict                                 # (placeholder, level) -> Access
     outputs: list[tuple[torch.fx.Node, Access]]
     passes: int
+    ramps: dict = attrs.field(factory=dict)     # index-ramp node -> Ramp (computed, never loaded)
 
     @property
     def outer_axes(self) -> list[int]:
@@ -88,6 +100,15 @@ def analyze(group: FusedGroup) -> LoopNest:
     level, why = group_levels(nodes, domain, reduced)
     if level is None:
         raise UnsupportedGroup(why)
+    ramp_axes = {}
+    for node in list(nodes):
+        axis = _ramp_domain_axis(node, level[node], domain, reduced)
+        if axis is False:
+            if node in output_node.args[0]:
+                raise UnsupportedGroup(f"index ramp {node.name} does not line up with the domain")
+            nodes.remove(node)      # only reshapes of itself read it; they compute their own value
+        elif iota_of(node) is not None:
+            ramp_axes[node] = axis
     pass_of: dict = {}
     for node in nodes:
         deps = [pass_of[a] for a in node.all_input_nodes if a in pass_of]
@@ -120,23 +141,48 @@ def analyze(group: FusedGroup) -> LoopNest:
             raise UnsupportedGroup(f"output {out.name} is broadcast to the domain; it would be written repeatedly")
         raw_outputs.append((out, _strides_for(tuple(value.shape), tuple(value.stride()), consumer_shape,
                                               domain, reduced)))
-    sizes, red, loads, outputs = _merge_axes(list(domain), reduced, raw_loads, raw_outputs)
+    pinned = {a for a in ramp_axes.values() if a is not None}
+    sizes, red, loads, outputs, origin = _merge_axes(list(domain), reduced, raw_loads, raw_outputs, pinned)
+    ramps = {}
+    for node, axis in ramp_axes.items():
+        ramp = iota_of(node)
+        ramps[node] = Ramp(ramp.start, ramp.step, None if axis is None else origin.index(axis))
     return LoopNest(group=group, sizes=tuple(sizes), reduced=tuple(red), nodes=nodes, level=level,
                     pass_of=pass_of, loads={k: Access(tuple(v)) for k, v in loads.items()},
-                    outputs=[(n, Access(tuple(s))) for n, s in outputs], passes=passes)
+                    outputs=[(n, Access(tuple(s))) for n, s in outputs], passes=passes, ramps=ramps)
 
 
-def _merge_axes(sizes: list[int], reduced: tuple, loads: dict, outputs: list):
-    """Merge neighbouring axes of the same kind that every access walks as one (contiguously)."""
+def _ramp_domain_axis(node: torch.fx.Node, level: str, domain: tuple, reduced: tuple):
+    """The domain axis an index ramp's value runs along at ``level``: None for a one-element ramp
+    (or a node that is no ramp), False for a full-level ramp whose shape does not broadcast to the
+    domain (only reshapes of itself may read it)."""
+    ramp = iota_of(node)
+    if ramp is None or ramp.axis is None:
+        return None
+    shape = tuple(meta_of(node).shape)
+    if level == "outer":
+        return outer_axis_map(shape, domain, reduced)[ramp.axis]
+    if not broadcasts_to(shape, domain):
+        return False
+    return len(domain) - len(shape) + ramp.axis
+
+
+def _merge_axes(sizes: list[int], reduced: tuple, loads: dict, outputs: list, pinned: set = frozenset()):
+    """Merge neighbouring axes of the same kind that every access walks as one (contiguously),
+    except the ``pinned`` domain axes (an index ramp runs along them, so they keep their own loop
+    index). Also returns, per loop axis, the domain axis it starts at."""
     red = set(reduced)
+    origin = list(range(len(sizes)))
     accesses = list(loads.values()) + [s for _, s in outputs]
     axis = len(sizes) - 2
     while axis >= 0:
         a, b = axis, axis + 1
         same_kind = (a in red) == (b in red)
-        if same_kind and all(acc[a] == acc[b] * sizes[b] for acc in accesses):
+        free = origin[a] not in pinned and origin[b] not in pinned
+        if same_kind and free and all(acc[a] == acc[b] * sizes[b] for acc in accesses):
             sizes[a] = sizes[a] * sizes[b]
             del sizes[b]
+            del origin[b]
             for acc in accesses:
                 acc[a] = acc[b]
                 del acc[b]
@@ -147,10 +193,11 @@ def _merge_axes(sizes: list[int], reduced: tuple, loads: dict, outputs: list):
     if len(keep) != len(sizes):
         remap = {old: new for new, old in enumerate(keep)}
         sizes = [sizes[i] for i in keep]
+        origin = [origin[i] for i in keep]
         red = {remap[x] for x in red if x in remap}
         for acc in accesses:
             acc[:] = [acc[i] for i in keep]
-    return sizes, tuple(sorted(red)), loads, outputs
+    return sizes, tuple(sorted(red)), loads, outputs, origin
 
 
 __all__ = ["analyze", "LoopNest", "Access", "UnsupportedGroup", "UNIT_RESHAPES"]

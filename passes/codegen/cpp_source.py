@@ -13,8 +13,8 @@ from typing import Any
 import torch
 import torch.fx
 
-from pipeline.fused import REDUCTIONS, meta_of, packet_name
-from pipeline.loops import LoopNest, closure
+from pipeline.fused import CONSTANTS, REDUCTIONS, constant_value, meta_of, packet_name
+from pipeline.loops import LoopNest, Ramp, closure
 
 from .cpp_ops import C_STORAGE, compute_type, literal, load_expr, pointwise_expr, round_to, store_expr
 
@@ -92,6 +92,18 @@ def _expensive(node: torch.fx.Node, full: set) -> bool:
     return False
 
 
+def ramp_expr(ramp: Ramp, ctype: str) -> str:
+    """An index ramp's value at the current loop point (``i<axis>`` is that axis's index)."""
+    if ramp.axis is None:
+        return literal(ramp.start, ctype)
+    index = f"i{ramp.axis}"
+    if ramp.step != 1:
+        index = f"INT64_C({ramp.step}) * {index}"
+    if ramp.start != 0:
+        index = f"INT64_C({ramp.start}) + {index}"
+    return f"(({ctype})({index}))"
+
+
 def later_roots_of(later: list) -> set:
     return {root for _, _, roots in later for root in roots}
 
@@ -149,7 +161,11 @@ class KernelWriter:
             self.emit(depth, f"const {ct} {var} = {self.cached_in[node]}[r];")
             self.var[node] = var
             return
-        if node in self.reciprocal_divs:
+        if node in self.nest.ramps:
+            expr = ramp_expr(self.nest.ramps[node], ct)
+        elif packet_name(node.target) in CONSTANTS:
+            expr = literal(constant_value(node), ct)
+        elif node in self.reciprocal_divs:
             divisor = node.args[1]
             numerator = self.operand(node, level)(node.args[0], ct)
             expr = f"({numerator} * inv_{divisor.name})"

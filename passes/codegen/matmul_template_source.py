@@ -23,7 +23,7 @@ import attrs
 import torch
 import torch.fx
 
-from pipeline.fused import FusedGroup, meta_of, packet_name
+from pipeline.fused import FusedGroup, iota_of, meta_of, packet_name
 from pipeline.loops import Access, LoopNest, UnsupportedGroup
 
 from .triton_ops import SIGNATURE_TYPES, helper_source, round_to
@@ -206,6 +206,8 @@ def template_plan(group: FusedGroup) -> TemplatePlan:
     for node in epilogue:
         if not isinstance(meta_of(node), torch.Tensor):
             raise UnsupportedGroup(f"{node.name} does not compute a tensor")
+        if iota_of(node) is not None:
+            raise UnsupportedGroup(f"{node.name} is an index ramp (the template has no loop indices for it)")
         for arg in node.all_input_nodes:
             if arg.op != "placeholder":
                 continue

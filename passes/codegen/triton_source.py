@@ -24,12 +24,12 @@ import attrs
 import torch
 import torch.fx
 
-from pipeline.fused import REDUCTIONS, meta_of, packet_name
+from pipeline.fused import CONSTANTS, REDUCTIONS, constant_value, meta_of, packet_name
 from pipeline.loops import LoopNest, closure
 
-from .triton_ops import (BIG, SIGNATURE_TYPES, accumulator_init, accumulator_update, cast, compute_type,
-                         helper_source, literal, load_cast, pointwise_expr, reduce_tile, round_to, store_cast,
-                         work_type)
+from .triton_ops import (BIG, FLOAT_CT, SIGNATURE_TYPES, accumulator_init, accumulator_update, cast,
+                         compute_type, helper_source, literal, load_cast, pointwise_expr, reduce_tile, round_to,
+                         store_cast, work_type)
 
 POINTWISE_BLOCK = 4096          # elements per program of a pointwise kernel
 POINTWISE_WARPS = 8
@@ -247,7 +247,31 @@ class TritonWriter:
             return literal(arg, ct)
         return render
 
+    def source_value(self, node: torch.fx.Node) -> tuple[str, frozenset] | None:
+        """(expression, block dims) of a fill or an index ramp, computed from nothing; None for
+        other nodes. A fill is a typed 0-d value; a ramp is its loop axis's index."""
+        ct = compute_type(meta_of(node).dtype)
+        ramp = self.nest.ramps.get(node)
+        if ramp is None and packet_name(node.target) not in CONSTANTS:
+            return None
+        if ramp is None or ramp.axis is None:
+            value = constant_value(node) if ramp is None else ramp.start
+            return f"tl.full([], {literal(value, 'tl.float32' if ct in FLOAT_CT else ct)}, {ct})", frozenset()
+        self.need.add(ramp.axis)
+        expr = f"i{ramp.axis}.to({ct})"
+        if ramp.step != 1:
+            expr = f"{expr} * {ramp.step}"
+        if ramp.start != 0:
+            expr = f"{expr} + {ramp.start}"
+        return expr, frozenset({"r"} if self.reduction and ramp.axis in self.nest.reduced else {"x"})
+
     def compute(self, depth: int, node: torch.fx.Node, level: str) -> None:
+        source = self.source_value(node)
+        if source is not None:
+            var = f"v_{node.name}"
+            self.emit(depth, f"{var} = {source[0]}")
+            self.var[node], self.dims[node] = var, source[1]
+            return
         dims: set = set()
         expr = pointwise_expr(node, self.operand(depth, node, level, dims), self.uses)
         if self.emulate and not expr.endswith(round_to(meta_of(node).dtype, "")):

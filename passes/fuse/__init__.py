@@ -21,7 +21,7 @@ from pipeline.fused import FusedGroup, meta_of, reduction_axes
 
 from .canonicalize import FUSION_DECOMPOSITIONS
 from .choices import FusionChoices
-from .legality import Group, can_grow, classify, creates_cycle, merge_problem, shape_problem
+from .legality import Group, can_grow, classify, creates_cycle, merge_problem, shape_problem, sources_only
 from .views import move_views
 
 
@@ -40,7 +40,7 @@ class Fuse(Pass):
 
     name = "fuse"
     Options = FuseOptions
-    version = "2"
+    version = "3"
     requires = frozenset({"functional", "aten"})
     provides = frozenset({"fused"})
     Choices = FusionChoices
@@ -55,7 +55,7 @@ class Fuse(Pass):
         graph.graph.eliminate_dead_code()  # unused outputs of rewritten reductions never become kernels
         graph.recompile()
         groups = self.form_groups(graph, context)
-        kept = [g for g in groups if any(classify(n)[0] != "reshape" for n in g.nodes)]
+        kept = [g for g in groups if any(classify(n)[0] != "reshape" for n in g.nodes) and not sources_only(g)]
         if not kept:
             context.note("no fusable nodes", topic="fusion")
             return graph

@@ -1,5 +1,12 @@
-"""Rewrites that make reductions fusable: mean, var and var_mean become sums and pointwise ops,
-so every reduction a kernel sees is a plain sum/amax/amin/argmax/argmin/prod."""
+"""Rewrites that make ops fusable, applied when ``fuse`` re-traces its graph.
+
+- mean, var and var_mean become sums and pointwise ops, so every reduction a kernel sees is a
+  plain sum/amax/amin/argmax/argmin/prod;
+- ``full_like`` of a contiguous result becomes ``full`` (no longer reading, or keeping alive,
+  the tensor it copies the shape of);
+- a *one-hot* scatter (one index per line along ``dim``) becomes a pointwise
+  ``where(iota == index, value, self)`` that fuses with its fill and its consumers, as the
+  backward of cross-entropy's ``gather`` needs (Inductor does the same)."""
 from __future__ import annotations
 
 import math
@@ -62,9 +69,68 @@ def var_mean_correction(x, dim=None, *, correction=None, keepdim=False):
     return var.to(x.dtype), mean.to(x.dtype)
 
 
+def full_like(x, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    """``full`` when the result is contiguous (as ``full``'s is); other layouts stay ``full_like``."""
+    if layout not in (None, torch.strided) or memory_format not in (None, torch.preserve_format,
+                                                                    torch.contiguous_format):
+        return NotImplemented
+    if memory_format != torch.contiguous_format and not x.is_contiguous():
+        return NotImplemented       # preserve_format keeps x's strides
+    return torch.full(x.shape, fill_value, dtype=dtype or x.dtype, device=device or x.device)
+
+
+def _one_per_line(x: torch.Tensor, dim: int, index: torch.Tensor) -> int | None:
+    """``dim`` normalized when ``scatter(x, dim, index, ...)`` writes exactly one element of every
+    line of ``x`` along ``dim`` (index of size 1 there and of ``x``'s size elsewhere, static
+    shapes), else None. Then no two writes meet, so the scatter is a pointwise select."""
+    if x.dim() == 0 or index.dim() != x.dim() or x.numel() == 0:
+        return None
+    if not all(type(s) is int for s in tuple(x.shape) + tuple(index.shape)):
+        return None
+    dim %= x.dim()
+    if index.shape[dim] != 1 or any(index.shape[d] != x.shape[d] for d in range(x.dim()) if d != dim):
+        return None
+    return dim
+
+
+def _hits(x: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
+    """Boolean mask of the elements ``index`` names: ``iota along dim == index`` (broadcast)."""
+    ramp = torch.ops.prims.iota(x.shape[dim], start=0, step=1, dtype=index.dtype, device=x.device,
+                                requires_grad=False)
+    if dim != x.dim() - 1:
+        ramp = ramp.view([x.shape[dim]] + [1] * (x.dim() - 1 - dim))
+    return ramp == index
+
+
+def scatter_value(x, dim, index, value):
+    """One-hot ``scatter.value`` as ``where(iota == index, value, x)`` (value converted to x's
+    dtype, as scatter converts it)."""
+    dim = _one_per_line(x, dim, index)
+    if dim is None or type(value) not in (bool, int, float):
+        return NotImplemented
+    if x.dtype == torch.bool:
+        value = bool(value)
+    elif not x.dtype.is_floating_point and not x.dtype.is_complex:
+        value = int(value)
+    return torch.where(_hits(x, dim, index), value, x)
+
+
+def scatter_src(x, dim, index, src):
+    """One-hot ``scatter.src`` as ``where(iota == index, src[:index.shape], x)``."""
+    dim = _one_per_line(x, dim, index)
+    if dim is None or src.dtype != x.dtype:
+        return NotImplemented
+    if tuple(src.shape) != tuple(index.shape):
+        src = src[tuple(slice(0, s) for s in index.shape)]
+    return torch.where(_hits(x, dim, index), src, x)
+
+
 FUSION_DECOMPOSITIONS = {
     aten.mean.dim: mean_dim,
     aten.mean.default: mean_all,
     aten.var.correction: var_correction,
     aten.var_mean.correction: var_mean_correction,
+    aten.full_like.default: full_like,
+    aten.scatter.value: scatter_value,
+    aten.scatter.src: scatter_src,
 }

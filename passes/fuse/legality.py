@@ -6,8 +6,8 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
-from pipeline.fused import (POINTWISE, REDUCTIONS, UNIT_RESHAPES, group_levels, meta_of, packet_name,
-                           reduction_axes)
+from pipeline.fused import (CONSTANTS, IOTAS, POINTWISE, REDUCTIONS, UNIT_RESHAPES, group_levels, iota_of,
+                           meta_of, packet_name, reduction_axes)
 
 _SUPPORTED_DTYPES = {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8,
                      torch.int16, torch.int32, torch.int64, torch.bool}
@@ -69,6 +69,12 @@ def classify(node: torch.fx.Node) -> tuple[str | None, str]:
         return None, f"{name} has dynamic shape {tuple(value.shape)} (static shapes only for now)"
     if name in POINTWISE:
         return _pointwise_problem(node, name)
+    if name in CONSTANTS:
+        return "pointwise", ""
+    if name in IOTAS:
+        if iota_of(node) is None:
+            return None, f"{name} that is not an integer ramp with constant start and step"
+        return "pointwise", ""
     if name in REDUCTIONS:
         if node.kwargs.get("dtype") is not None and name != "aten.sum":
             return None, f"{name} with dtype= is not supported"
@@ -114,16 +120,35 @@ def shape_problem(group: Group, node: torch.fx.Node, kind: str) -> str | None:
     levels, why = group_levels(group.nodes + [node], domain, reduced)
     if levels is None:
         return why
-    if kind == "reshape" and levels[node] != "outer":
-        return "reshapes are fused only on reduced (outer) values"
+    if kind == "reshape" and levels[node] != "outer" and not _reshapes_member_ramp(group, node):
+        return "reshapes are fused only on reduced (outer) values (or on an index ramp of the group)"
     return None
+
+
+def _reshapes_member_ramp(group: Group, node: torch.fx.Node) -> bool:
+    """A reshape of an index ramp computed in the group is itself a ramp (computed from the loop
+    indices, so it needs no eager broadcasting to line up)."""
+    return iota_of(node) is not None and node.args[0] in group.members
+
+
+def ramps_only(group: Group) -> bool:
+    """True when every node of ``group`` is an index ramp: it reads nothing, so it takes the
+    shape of whatever consumes it."""
+    return all(iota_of(n) is not None for n in group.nodes)
+
+
+def sources_only(group: Group) -> bool:
+    """True when ``group`` only makes fills and index ramps: as a kernel it would write what the
+    ATen calls write, so it is left to them (fills and ramps fuse into the groups that read them)."""
+    return all(packet_name(n.target) in CONSTANTS or iota_of(n) is not None for n in group.nodes)
 
 
 def can_grow(group: Group, shape: tuple, node: torch.fx.Node | None) -> bool:
     """A pointwise group may take a larger domain its own broadcasts to, if none of its values is
     needed outside (they are then recomputed per element of the larger domain)."""
     from pipeline.fused import broadcasts_to
-    return (not group.reduced and broadcasts_to(group.domain, shape) and tuple(group.domain) != shape
+    fits = broadcasts_to(group.domain, shape) or ramps_only(group)
+    return (not group.reduced and fits and tuple(group.domain) != shape
             and group.only_used_inside(node))
 
 
@@ -137,7 +162,8 @@ def merge_problem(target: Group, other: Group, node: torch.fx.Node, depends_on: 
         if other.domain != target.domain or (target.reduced and other.reduced != target.reduced):
             return "reductions over different domains or axes"
     elif tuple(other.domain) != tuple(target.domain):
-        if not (broadcasts_to(other.domain, target.domain) and other.only_used_inside(node)):
+        fits = broadcasts_to(other.domain, target.domain) or ramps_only(other)
+        if not (fits and other.only_used_inside(node)):
             return f"domain {tuple(other.domain)} does not broadcast to {tuple(target.domain)}"
     reduced = tuple(target.reduced or other.reduced)
     merged = sorted(target.nodes + other.nodes, key=lambda n: order[n]) + [node]
