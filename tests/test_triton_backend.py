@@ -15,6 +15,7 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import importlib.util  # noqa: E402
+import re  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 
@@ -195,6 +196,21 @@ def group_inputs(kernel, args):
         pool.remove(match)
         picked.append(match)
     return picked
+
+
+def softmax_matmul_softmax(x, w):
+    return torch.softmax(torch.softmax(x, -1) @ w, -1)
+
+
+def test_identical_groups_share_one_kernel_named_after_its_content():
+    """Two groups doing the same work on same-shaped inputs (as every transformer layer does) give
+    the same source: one file, one module, one Triton compile; the name says what the kernel does."""
+    record = run_plan(softmax_matmul_softmax, torch.randn(16, 32), torch.randn(32, 32))
+    kernels, eager = kernels_of(LAST["graph"])
+    assert len(kernels) == 2 and not eager
+    assert kernels[0].path == kernels[1].path and kernels[0].source == kernels[1].source
+    assert re.fullmatch(r"triton_red_amax_exp_sum_[0-9a-f]{10}", kernels[0].generated.name)
+    assert [k["kernel"] for k in record.contents["kernels"]] == [kernels[0].generated.name] * 2
 
 
 def test_reductions_over_zero_elements_match_eager():

@@ -134,7 +134,7 @@ class Codegen(Pass):
 
     name = "codegen"
     Options = CodegenOptions
-    version = "1"
+    version = "2"
     requires = frozenset({"fused"})
     provides = frozenset({"codegen"})
 

@@ -177,6 +177,12 @@ class TritonKernel(CompiledKernel):
                                               for shape, stride, d in data["outputs"]])
         return kernel
 
+    @property
+    def __name__(self) -> str:
+        """The jitted function's name (content-derived, see triton_source.kernel_source): what a
+        profiler shows, so the report and the host code use it too."""
+        return self.generated.name
+
     def __call__(self, *inputs: torch.Tensor) -> tuple:
         fast = self._fast
         if fast is not None and inputs and tuple(map(_stride, inputs)) == self.in_strides \
@@ -325,7 +331,7 @@ def generate(graph: torch.fx.GraphModule, context: Any, *, emulate_precision: bo
             continue
         try:
             nest = analyze(group)
-            generated = kernel_source(nest, f"triton_{group.name}", emulate_precision=emulate_precision)
+            generated = kernel_source(nest, emulate_precision=emulate_precision)
         except (UnsupportedGroup, NotImplementedError) as exc:
             context.note(f"{group.name}: runs eagerly: {exc}")
             continue
@@ -336,7 +342,7 @@ def generate(graph: torch.fx.GraphModule, context: Any, *, emulate_precision: bo
                 return load_module(write_source(source.source, directory, persistent=persistent)[0],
                                    interpret=False).KERNEL
 
-            generated, message = tune(nest, f"triton_{group.name}", emulate_precision=emulate_precision,
+            generated, message = tune(nest, generated.name, emulate_precision=emulate_precision,
                                       inputs=[meta_of(p) for p in placeholders],
                                       outputs=[meta_of(n) for n, _ in nest.outputs], device=device,
                                       folder=kernel_dir(directory, persistent=persistent), load=jitted)

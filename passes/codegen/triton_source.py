@@ -18,7 +18,9 @@ The module written for a kernel is self-describing: it ends with ``KERNEL``, ``S
 """
 from __future__ import annotations
 
+import hashlib
 import math
+import re
 
 import attrs
 import torch
@@ -444,11 +446,52 @@ class TritonWriter:
             self.finish_block(depth, node, f"acc_{n}", masked=False, nan_flags=f"nan_{n}")
 
 
-def kernel_source(nest: LoopNest, name: str, *, emulate_precision: bool = True,
+PLACEHOLDER = "pp_kernel_name_"
+VARIABLE_PREFIXES = ("v", "a", "acc", "nan", "idx", "take")
+PLAIN_OPS = ("add", "sub", "mul", "div", "neg", "where", "clone")   # named last in a kernel's name
+
+
+def kernel_source(nest: LoopNest, name: str | None = None, *, emulate_precision: bool = True,
                   blocks: Blocks | None = None) -> TritonSource:
     """The Triton module (one jitted kernel) for one loop nest, with the heuristic's launch shape
-    (:func:`choose_blocks`) unless ``blocks`` names another (see :func:`candidate_blocks`)."""
-    return TritonWriter(nest, name, emulate_precision=emulate_precision, blocks=blocks).write()
+    (:func:`choose_blocks`) unless ``blocks`` names another (see :func:`candidate_blocks`).
+
+    Variables are named after the op and its position in the nest (``v3_mul``), not after the
+    graph's node names, so identical groups (one per transformer layer) give identical text: one
+    file, one module, one Triton compile. Without ``name`` the kernel is named after its content:
+    ``triton_<poi|red>_<first ops>_<hash>``, readable in a profiler and shared by its copies."""
+    written = TritonWriter(nest, PLACEHOLDER, emulate_precision=emulate_precision, blocks=blocks).write()
+    text = _canonical_variables(written.source, nest)
+    if name is None:
+        name = content_name(nest, text if blocks is None else
+                            _canonical_variables(TritonWriter(nest, PLACEHOLDER, emulate_precision=emulate_precision)
+                                                 .write().source, nest))
+    return attrs.evolve(written, name=name, source=text.replace(PLACEHOLDER, name))
+
+
+def _canonical_variables(text: str, nest: LoopNest) -> str:
+    """``text`` with every per-node variable (``v_<node>``, ``acc_<node>``...) renamed to
+    ``<prefix><position>_<op>``."""
+    names = {n.name: f"{i}_{packet_name(n.target).split('.')[-1].strip('_')}" for i, n in enumerate(nest.nodes)}
+    if not names:
+        return text
+    pattern = re.compile(r"\b(" + "|".join(VARIABLE_PREFIXES) + r")_(" +
+                         "|".join(re.escape(k) for k in sorted(names, key=len, reverse=True)) + r")\b")
+    return pattern.sub(lambda m: f"{m.group(1)}{names[m.group(2)]}", text)
+
+
+def content_name(nest: LoopNest, text: str) -> str:
+    """``triton_<poi|red>_<up to three op names>_<10 hex digits of the source's hash>``, naming
+    the distinctive ops (reductions, transcendentals) before plain arithmetic."""
+    kind = "red" if nest_is_reduction(nest) else "poi"
+    ops: list[str] = []
+    for node in nest.nodes:
+        op = packet_name(node.target).split(".")[-1].strip("_")
+        if op not in ops and op not in ("alias", "to_copy", "view", "expand", "unsqueeze", "squeeze"):
+            ops.append(op)
+    ops = [op for op in ops if op not in PLAIN_OPS] + [op for op in ops if op in PLAIN_OPS]
+    digest = hashlib.sha256(text.encode()).hexdigest()[:10]
+    return "_".join(["triton", kind, *ops[:3], digest])
 
 
 def candidate_blocks(nest: LoopNest) -> list[Blocks]:
