@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import stat
 import warnings
 from pathlib import Path
@@ -354,8 +355,12 @@ def test_a_compiler_that_fails_midway_leaves_no_library_in_the_cache(fake_compil
 
 @pytest.mark.parametrize("policy", ["raise", "eager"])
 def test_an_interrupted_compile_propagates_and_leaves_no_library_in_the_cache(fake_compiler, monkeypatch,
-                                                                              tmp_path, policy):
+                                                                              tmp_path, policy, request):
     fake_compiler("interrupt")
+    # A process started in the background by a non-interactive shell inherits SIGINT ignored,
+    # and Python then never raises KeyboardInterrupt: give this test Python's usual handler.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
     cache = tmp_path / "cache"
     with pytest.raises(KeyboardInterrupt):
         compiled_with(policy, cache)(X.clone())

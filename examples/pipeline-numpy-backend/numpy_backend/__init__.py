@@ -146,6 +146,15 @@ def _broadcast_in_dim(a: list, k: dict) -> str:
     return f"broadcast_in_dim({a[0]}, {a[1]}, {a[2]})"
 
 
+def _iota(a: list, k: dict) -> str:
+    return f"({k.get('start', '0')} + {k.get('step', '1')} * np.arange({a[0]}))"
+
+
+def _arange(a: list, k: dict) -> str:
+    bounds = a if a else [k.get("end", "0")]
+    return f"np.arange({', '.join(bounds)}{', ' + k['step'] if 'step' in k else ''})"
+
+
 RULES: dict[str, Rule] = {
     "aten.add": _add_sub("np.add"), "aten.sub": _add_sub("np.subtract"), "aten.mul": _binary("np.multiply"),
     "aten.div": _binary("np.true_divide"), "prims.div": _binary("np.true_divide"),
@@ -177,6 +186,8 @@ RULES: dict[str, Rule] = {
     "aten.view": _reshape, "aten._unsafe_view": _reshape, "aten.reshape": _reshape,
     "aten.unsqueeze": lambda a, k: f"np.expand_dims({a[0]}, {a[1]})", "aten.squeeze": _squeeze,
     "aten.expand": _expand, "prims.broadcast_in_dim": _broadcast_in_dim,
+    "aten.full": lambda a, k: f"np.full({a[0]}, {a[1]})", "aten.scalar_tensor": lambda a, k: f"np.array({a[0]})",
+    "prims.iota": _iota, "aten.arange": _arange,
 }
 
 

@@ -42,7 +42,8 @@ def targets(gm: torch.fx.GraphModule, kind: type) -> list:
 
 
 def test_every_op_the_fuser_can_group_has_a_numpy_rule():
-    fusable = pipeline.fused.POINTWISE | pipeline.fused.REDUCTIONS | pipeline.fused.UNIT_RESHAPES
+    fusable = (pipeline.fused.POINTWISE | pipeline.fused.REDUCTIONS | pipeline.fused.UNIT_RESHAPES
+               | pipeline.fused.SOURCES)
     assert sorted(fusable - set(RULES)) == []
 
 
