@@ -35,6 +35,24 @@ def load(source: str, tag: str):
     return module
 
 
+def single_pass_statistics(source: str) -> str | None:
+    """The kernel with its variance taken as E[x*x] - mean**2 in the same pass as the mean (one
+    block reduction fewer to wait for; numerically weaker, so only a probe of what it would gain).
+    None when the source does not have the two-pass shape ``sum((x - mean) * (x - mean))``."""
+    square = re.search(r"(v\d+_mul) = \((v\d+_sub) \* \2\)", source)
+    centered = square and re.search(rf"{square.group(2)} = \((\w+) - (v\d+_div)\)", source)
+    summed = square and re.search(rf"(a\d+_sum) = {square.group(1)}\n", source)
+    if not (square and centered and summed):
+        return None
+    x, mean = centered.group(1), centered.group(2)
+    total = summed.group(1).replace("a", "v", 1)
+    divided = re.search(rf"(v\d+_div) = \({total} / ([0-9.]+)\)", source)
+    if not divided:
+        return None
+    source = source.replace(summed.group(0), f"{summed.group(1)} = {x} * {x}\n")
+    return source.replace(divided.group(0), f"{divided.group(1)} = ({total} / {divided.group(2)}) - {mean} * {mean}")
+
+
 def cuda_ms(fn, iters: int = 200) -> float:
     for _ in range(10):
         fn()
@@ -92,6 +110,12 @@ def main() -> int:
     no_erf = re.sub(r"tl\.math\.erf\(([^()]*)\)", r"(\1)", unrounded)
     timed("no rounding, no erf (invalid), XBLOCK=1 w4", load(no_erf, "noerf"), 1, 4)
     timed("no rounding, no erf (invalid), XBLOCK=2 w8", load(no_erf, "noerf2"), 2, 8)
+    single = single_pass_statistics(source)
+    if single is None:
+        lines.append("single-pass mean/variance variant: the generated source did not have the expected shape")
+    else:
+        timed("single-pass mean/var (sum x, sum x*x), XBLOCK=1 w4", load(single, "single"), 1, 4)
+        timed("single-pass mean/var, XBLOCK=2 w8", load(single, "single2"), 2, 8)
     copy_only = re.sub(r"tl\.store\((\w+) \+ \((.*)\), .*\)\n", r"tl.store(\1 + (\2), t1.to(tl.bfloat16))\n", source)
     copy_only = "\n".join(line for line in copy_only.splitlines()
                           if not line.strip().startswith(("v_", "a_", "t2", "t3")))
