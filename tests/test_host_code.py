@@ -39,6 +39,16 @@ def test_view_chains_of_computed_tensors_become_one_as_strided_each():
     assert any("view chain(s) folded" in n["message"] for n in record.notes)
 
 
+def test_folded_views_are_cheap_aliases_with_the_right_offsets():
+    """q, k and v start at different offsets of the qkv matmul's result: each folded view is one
+    reinterpret_tensor call whose offset is counted from the computed tensor's own."""
+    args = inputs()
+    out, record = run(attention_heads, args)
+    assert compare(attention_heads(*args), out) is None
+    code = record.final_code
+    assert code.count("reinterpret_tensor(") >= 3 and "= aten_as_strided(" not in code
+
+
 def test_views_of_graph_inputs_are_not_folded():
     def f(x):
         return x.view(4, 8).permute(1, 0).relu()

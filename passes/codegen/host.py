@@ -14,7 +14,8 @@ microseconds. Three steps cut it, each visible in the generated code:
 - :class:`HostGraphModule`: the graph's ``forward`` is our own generated source, calling each
   ATen operator's C++ entry point directly (no ``OpOverload.__call__`` frame, no attribute chain
   ``torch.ops.aten.x.y`` per call; the common extern operators through torch's unboxed Python
-  bindings, :data:`FAST_BINDINGS`) and each kernel's launch method.
+  bindings, :data:`FAST_BINDINGS`; folded views as ``reinterpret_tensor`` aliases) and each
+  kernel's launch method.
 
 The graph stays an ordinary FX graph of executable nodes: ``as_strided`` and ``linear`` are ATen
 operators, so verification and printing work as after any other pass.
@@ -30,6 +31,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from pipeline import compat
 from pipeline.fused import CompiledKernel, meta_of
 
 aten = torch.ops.aten
@@ -253,6 +255,24 @@ def supports(graph: torch.fx.Graph) -> bool:
     return all(not str(n.target).startswith("*") and not n.args for n in graph.nodes if n.op == "placeholder")
 
 
+def _alias_of_fresh_tensor(node: torch.fx.Node, emitter: _Emitter) -> str | None:
+    """An ``as_strided`` of a tensor the graph computed (what :func:`fold_views` writes) as a call
+    of ``reinterpret_tensor``: the same alias at half the cost per call. The graph runs inside
+    compiled code, where no autograd view tracking is needed (AOTAutograd's compiled forward and
+    backward run without grad; inference graphs take no input that requires grad)."""
+    if node.target is not aten.as_strided.default or node.kwargs or len(node.args) != 4:
+        return None
+    base = node.args[0]
+    reinterpret = compat.reinterpret_tensor()
+    if reinterpret is None or not isinstance(base, torch.fx.Node) or not _fresh(base):
+        return None
+    layout = _static_layout(meta_of(base))
+    if layout is None or not isinstance(node.args[3], int):
+        return None
+    size, stride, offset = node.args[1:]
+    return emitter.call(emitter.bind(reinterpret, "reinterpret_tensor"), (base, size, stride, offset - layout[2]), {})
+
+
 def host_source(graph: torch.fx.Graph) -> tuple[str, dict[str, Any]]:
     """The generated ``forward`` of ``graph`` and the globals it runs with. Values are dropped
     after their last use, as FX's own code does."""
@@ -281,6 +301,8 @@ def host_source(graph: torch.fx.Graph) -> tuple[str, dict[str, Any]]:
             expr = emitter.call(f"{emitter.arg(node.args[0])}.{node.target}", node.args[1:], node.kwargs)
         elif node.target is operator.getitem and not node.kwargs:
             expr = f"{emitter.arg(node.args[0])}[{emitter.arg(node.args[1])}]"
+        elif (alias := _alias_of_fresh_tensor(node, emitter)) is not None:
+            expr = alias
         else:
             expr = emitter.call(emitter.callee(node.target), node.args, node.kwargs)
         line = f"    {node.name} = {expr}" if node.users else f"    {expr}"
