@@ -273,10 +273,26 @@ class CompiledKernel:
     The engine counts these as the graph's kernels."""
 
     backend: str = "?"
+    #: Whether the kernel's code reads each input element only at the index it writes, so an
+    #: output may take the buffer of a dying input of the same layout (:meth:`call_reusing`);
+    #: backends say so for their pointwise kernels, see :meth:`writes_inputs_safely`.
+    in_place_capable: bool = False
 
     def __init__(self, group: FusedGroup, source: str):
         self.group = group
         self.source = source
+
+    def writes_inputs_safely(self) -> bool:
+        """True when an output of this kernel may be written into one of its inputs (same shape,
+        strides and dtype as the output, both covering the whole domain): a pointwise kernel of a
+        backend that loads an element before storing to the same index."""
+        return self.in_place_capable and self.group.kind == "pointwise"
+
+    def call_reusing(self, donors: tuple, *inputs: torch.Tensor) -> tuple:
+        """Like calling the kernel, but output ``k`` is written into ``inputs[donors[k]]`` where
+        ``donors[k] >= 0`` (the generated host code passes inputs that die at this call). Backends
+        that do not reuse buffers allocate as usual."""
+        return self(*inputs)
 
     @property
     def __name__(self) -> str:

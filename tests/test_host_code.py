@@ -91,3 +91,39 @@ def test_values_are_released_after_their_last_use():
     released = {name.strip() for line in lines if "; del " in line for name in line.split("; del ")[1].split(",")}
     returned = lines[-1].split("return", 1)[1]
     assert not any(name in returned.replace("(", " ").replace(",", " ").split() for name in released)
+
+
+def matmul_then_pointwise(x, w):
+    return torch.relu(x @ w) * 2
+
+
+def test_a_pointwise_kernel_writes_into_a_dying_computed_input():
+    """The matmul's result dies at the ReLU kernel, which writes its output into that buffer."""
+    args = (torch.randn(8, 16), torch.randn(16, 32))
+    out, record = run(matmul_then_pointwise, args)
+    assert compare(matmul_then_pointwise(*args), out) is None
+    assert "_reusing((0,), " in record.final_code
+
+
+def test_graph_inputs_and_buffers_still_read_later_are_not_written_into():
+    def f(x, w):
+        y = x @ w
+        z = torch.relu(y) * 2          # y is still needed below: not a donor
+        return z + y.t().sum(0), torch.exp(x)     # x is a graph input: never a donor
+
+    args = (torch.randn(8, 8), torch.randn(8, 8))
+    out, record = run(f, args)
+    assert compare(f(*args), out) is None
+    assert "_reusing" not in record.final_code
+
+
+def test_a_buffer_whose_alias_is_read_later_is_not_written_into():
+    def f(x, w):
+        y = x @ w
+        head = y.view(2, 4, 16)[0]     # an alias of y, read after the kernel below
+        return torch.sigmoid(y), head.sum(-1)
+
+    args = (torch.randn(8, 16), torch.randn(16, 16))
+    out, record = run(f, args)
+    assert compare(f(*args), out) is None
+    assert "_reusing" not in record.final_code

@@ -76,11 +76,17 @@ class CppKernel(CompiledKernel):
         self.library_source = library_source
         self.library_path = library_path
 
+    in_place_capable = True     # a pointwise loop loads in[i] before it stores out[i]
+
     def __call__(self, *inputs: torch.Tensor) -> tuple:
+        return self.call_reusing((), *inputs)
+
+    def call_reusing(self, donors: tuple, *inputs: torch.Tensor) -> tuple:
         if tuple(map(_stride, inputs)) != self.in_strides or tuple(map(_dtype, inputs)) != self.in_dtypes \
                 or not all(map(_is_cpu, inputs)):
             return self.group(*inputs)
-        outs = tuple(torch.empty_strided(shape, stride, dtype=dtype) for shape, stride, dtype in self.outputs)
+        outs = tuple(inputs[donors[k]] if donors and donors[k] >= 0 else torch.empty_strided(shape, stride, dtype=dtype)
+                     for k, (shape, stride, dtype) in enumerate(self.outputs))
         self.function(*[t.data_ptr() for t in inputs], *[o.data_ptr() for o in outs])
         return outs
 

@@ -15,7 +15,8 @@ microseconds. Three steps cut it, each visible in the generated code:
   ATen operator's C++ entry point directly (no ``OpOverload.__call__`` frame, no attribute chain
   ``torch.ops.aten.x.y`` per call; the common extern operators through torch's unboxed Python
   bindings, :data:`FAST_BINDINGS`; folded views as ``reinterpret_tensor`` aliases) and each
-  kernel's launch method.
+  kernel's launch method. A pointwise kernel writes an output into an input that dies at the
+  call when their layouts match (``call_reusing``, see :func:`_donors`): one allocation fewer.
 
 The graph stays an ordinary FX graph of executable nodes: ``as_strided`` and ``linear`` are ATen
 operators, so verification and printing work as after any other pass.
@@ -273,6 +274,59 @@ def _alias_of_fresh_tensor(node: torch.fx.Node, emitter: _Emitter) -> str | None
     return emitter.call(emitter.bind(reinterpret, "reinterpret_tensor"), (base, size, stride, offset - layout[2]), {})
 
 
+def _owns_storage(node: torch.fx.Node) -> bool:
+    """The node's value is a buffer of its own that nothing else refers to when it dies: the
+    result of an ATen operator that returns a new tensor, or an output of a generated kernel whose
+    group holds no view operator (whose eager fallback could then hand back an input's alias)."""
+    if not _fresh(node):
+        return False
+    producer = node.args[0] if node.target is operator.getitem else node
+    kernel = producer.target if isinstance(producer, torch.fx.Node) else None
+    if isinstance(kernel, CompiledKernel):
+        return not any(_is_view_op(n.target) for n in kernel.group.subgraph.graph.nodes if n.op == "call_function")
+    return True
+
+
+def _alias_roots(nodes: list) -> dict:
+    """view node -> the tensor it aliases at the root of its chain."""
+    roots: dict = {}
+    for node in nodes:
+        source = _view_source(node)
+        if source is not None:
+            roots[node] = roots.get(source, source)
+    return roots
+
+
+def _donors(node: torch.fx.Node, last_use: dict, order: dict, roots: dict, alias_end: dict) -> tuple | None:
+    """For a generated kernel's call: per output, the index of an input whose buffer it can take
+    (-1: allocate), or None when no output can. An input qualifies when this call is its last use,
+    it owns its storage, no alias of it is read here or later, it is passed once, and its shape,
+    strides, dtype and device are the output's, which covers the kernel's whole domain."""
+    kernel = node.target
+    values = node.meta.get("val")
+    if not isinstance(kernel, CompiledKernel) or not kernel.writes_inputs_safely() or not isinstance(values, tuple):
+        return None
+    args = list(node.args)
+    aliased_here = {roots[a] for a in args if isinstance(a, torch.fx.Node) and a in roots}
+    donors, taken = [], set()
+    for value in values:
+        pick = -1
+        if isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(kernel.group.domain):
+            for i, arg in enumerate(args):
+                if i in taken or not isinstance(arg, torch.fx.Node) or last_use.get(arg) is not node:
+                    continue
+                if args.count(arg) > 1 or arg in aliased_here or alias_end.get(arg, -1) >= order[node]:
+                    continue
+                held = meta_of(arg)
+                if (isinstance(held, torch.Tensor) and held.shape == value.shape and held.stride() == value.stride()
+                        and held.dtype == value.dtype and held.device == value.device and _owns_storage(arg)):
+                    pick = i
+                    taken.add(i)
+                    break
+        donors.append(pick)
+    return tuple(donors) if any(d >= 0 for d in donors) else None
+
+
 def host_source(graph: torch.fx.Graph) -> tuple[str, dict[str, Any]]:
     """The generated ``forward`` of ``graph`` and the globals it runs with. Values are dropped
     after their last use, as FX's own code does."""
@@ -285,6 +339,12 @@ def host_source(graph: torch.fx.Graph) -> tuple[str, dict[str, Any]]:
     dies_at: dict[torch.fx.Node, list[str]] = {}
     for value, user in last_use.items():
         dies_at.setdefault(user, []).append(value.name)
+    order = {n: i for i, n in enumerate(nodes)}
+    roots = _alias_roots(nodes)
+    alias_end: dict = {}         # tensor -> position of the last use of any alias of it
+    for alias, root in roots.items():
+        if alias in last_use:
+            alias_end[root] = max(alias_end.get(root, -1), order[last_use[alias]])
     params = [n.name for n in nodes if n.op == "placeholder"]
     lines = [f"def forward(self, {', '.join(params)}):" if params else "def forward(self):"]
     for node in nodes:
@@ -303,6 +363,9 @@ def host_source(graph: torch.fx.Graph) -> tuple[str, dict[str, Any]]:
             expr = f"{emitter.arg(node.args[0])}[{emitter.arg(node.args[1])}]"
         elif (alias := _alias_of_fresh_tensor(node, emitter)) is not None:
             expr = alias
+        elif (donors := _donors(node, last_use, order, roots, alias_end)) is not None:
+            reusing = emitter.bind(node.target.call_reusing, f"{node.target.__name__}_reusing")
+            expr = emitter.call(reusing, (donors, *node.args), node.kwargs)
         else:
             expr = emitter.call(emitter.callee(node.target), node.args, node.kwargs)
         line = f"    {node.name} = {expr}" if node.users else f"    {expr}"

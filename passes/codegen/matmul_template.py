@@ -77,6 +77,8 @@ class MatmulTemplateKernel(TritonKernel):
     :class:`~.triton_runtime.TritonKernel` (same allocation, launch and eager fallback through its
     combined group) launched with the configuration's pipeline stages as well as its warps."""
 
+    in_place_capable = False    # its programs read whole rows and columns of the operands
+
     def _setup(self, generated: TritonSource, module: ModuleType, path: Path, **kwargs: Any) -> None:
         super()._setup(generated, module, path, **kwargs)
         self.kwargs["num_stages"] = getattr(module, "NUM_STAGES", 3)

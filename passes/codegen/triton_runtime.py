@@ -183,12 +183,21 @@ class TritonKernel(CompiledKernel):
         profiler shows, so the report and the host code use it too."""
         return self.generated.name
 
+    in_place_capable = True     # a pointwise program loads its block before it stores it
+
     def __call__(self, *inputs: torch.Tensor) -> tuple:
+        return self.call_reusing((), *inputs)
+
+    def call_reusing(self, donors: tuple, *inputs: torch.Tensor) -> tuple:
         fast = self._fast
         if fast is not None and inputs and tuple(map(_stride, inputs)) == self.in_strides \
                 and inputs[0].get_device() == fast[0] == fast[1]() and _aligned(inputs, fast[12]):
             _, current, empty, compiled, run, function, metadata, stream, grid, tail, enter, leave, _, direct = fast
-            outs = tuple([empty(shape, stride, dtype) for shape, stride, dtype in self.outputs])
+            if donors:
+                outs = tuple([inputs[donors[k]] if donors[k] >= 0 else empty(shape, stride, dtype)
+                              for k, (shape, stride, dtype) in enumerate(self.outputs)])
+            else:
+                outs = tuple([empty(shape, stride, dtype) for shape, stride, dtype in self.outputs])
             raw_stream = stream(fast[0])
             if enter.calls or leave.calls:      # launch hooks (profilers): give them what Triton gives
                 run(*grid, raw_stream, function, metadata,
@@ -197,16 +206,17 @@ class TritonKernel(CompiledKernel):
             else:
                 direct[0](*grid, raw_stream, *direct[1], *inputs, *outs, *tail)
             return outs
-        return self._call(inputs)
+        return self._call(inputs, donors)
 
-    def _call(self, inputs: tuple) -> tuple:
+    def _call(self, inputs: tuple, donors: tuple = ()) -> tuple:
         """First launches, other devices, unexpected strides (eager), CPU tensors (interpreter)."""
         for tensor, strides in zip(inputs, self.in_strides):
             if tensor.stride() != strides or tensor.device.type != self.device.type:
                 return self.group(*inputs)
         device = inputs[0].device if inputs else self.device
-        outs = tuple(torch.empty_strided(shape, stride, dtype=dtype, device=device)
-                     for shape, stride, dtype in self.outputs)
+        outs = tuple(inputs[donors[k]] if donors and donors[k] >= 0
+                     else torch.empty_strided(shape, stride, dtype=dtype, device=device)
+                     for k, (shape, stride, dtype) in enumerate(self.outputs))
         if self.empty:
             return outs
         if device.type != "cuda":
