@@ -7,8 +7,8 @@ top kernels, or the host side.
 ``--host`` profiles the host side instead (cProfile over 20 calls, by own time): where the
 per-call CPU time of the generated wrapper goes. ``--train`` profiles one GPT-2 6-layer train
 step (forward, backward, AdamW) of eager, Inductor and the ``training`` plan. Per variant the
-summary gives the wall time of a step, the summed CUDA kernel time (their gap is time the GPU
-waits on the host) and that kernel time by category (matmul, attention, Triton, ATen pointwise,
+summary gives the wall time of a step, the host time to issue it (no synchronization inside), the
+summed CUDA kernel time (wall above kernels: the GPU waits on the host) and that kernel time by category (matmul, attention, Triton, ATen pointwise,
 reductions, copies, memsets, optimizer), so two variants can be compared line by line.
 """
 from __future__ import annotations
@@ -56,8 +56,10 @@ def profile_summary(label: str, step, *, steps: int = 3, rows: int = 12) -> str:
     start = time.perf_counter()
     for _ in range(steps):
         step()
+    issued = time.perf_counter()
     torch.cuda.synchronize()
     wall = (time.perf_counter() - start) * 1e3 / steps
+    issue = (issued - start) * 1e3 / steps      # host time to issue a step: above the CUDA time = host-bound
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             step()
@@ -69,7 +71,7 @@ def profile_summary(label: str, step, *, steps: int = 3, rows: int = 12) -> str:
         entry[0] += e.self_device_time_total / 1e3 / steps
         entry[1] += e.count / steps
     total = sum(v[0] for v in per_cat.values())
-    lines = [f"== {label}: wall {wall:.2f} ms/step, CUDA kernels {total:.2f} ms/step "
+    lines = [f"== {label}: wall {wall:.2f} ms/step, host issue {issue:.2f} ms/step, CUDA kernels {total:.2f} ms/step "
              f"({sum(v[1] for v in per_cat.values()):.0f} launches)"]
     for name, (ms, count) in sorted(per_cat.items(), key=lambda kv: -kv[1][0]):
         lines.append(f"   {name:15s} {ms:7.3f} ms  {count:5.0f} launches")
