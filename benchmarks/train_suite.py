@@ -190,10 +190,12 @@ def prepare_variant(label: str, make: Callable[[torch.nn.Module], torch.nn.Modul
 
 
 def training_rows(device: str, *, strategies: list[str], model: str | None = None, small: bool = False,
-                  quick: bool = False, only: str = "", skip: tuple[str, ...] = ()) -> list[dict]:
+                  quick: bool = False, only: str = "", skip: tuple[str, ...] = (),
+                  plans: tuple[str, ...] = ()) -> list[dict]:
     """Measure the training workload ``model`` (default: ``blocks`` on CPU, ``gpt2`` on CUDA) on
     ``device``; one row (dict) per workload. ``skip``: variants left out (``inductor``: its cold
-    compile of a GPT-2 train step takes minutes)."""
+    compile of a GPT-2 train step takes minutes). ``plans``: more plans (names or files) to run
+    as variants ``ours:<plan name>`` next to the ``training`` plan's strategies."""
     steps, rounds = (2, 2) if quick else ((5, 5) if device == "cpu" else (10, 5))
     rows = []
     for name, build, autocast in workloads(model or ("blocks" if device == "cpu" else "gpt2"), small):
@@ -209,6 +211,7 @@ def training_rows(device: str, *, strategies: list[str], model: str | None = Non
         variants += [(f"ours:{s}", lambda m, s=s: compile_with_plan(m, "training",
                                                                     options={"partition": {"strategy": s}}))
                      for s in strategies]
+        variants += [(f"ours:{Path(p).stem}", lambda m, p=p: compile_with_plan(m, p)) for p in plans]
         variants = [(label, make) for label, make in variants if label not in skip]
         torch._dynamo.reset()
         ready: dict[str, Callable] = {}
@@ -272,13 +275,16 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer timed steps")
     parser.add_argument("--only", default="")
     parser.add_argument("--skip", default="", help="variants to leave out, e.g. inductor")
+    parser.add_argument("--plans", default="", help="more plans (names or YAML files), comma-separated, "
+                                                   "e.g. benchmarks/plans/training-cudagraphs.yaml")
     parser.add_argument("--out", default=os.environ.get("OUT", str(Path(__file__).parent / "results")))
     parser.add_argument("--name", default=None, help="file stem of the JSON and Markdown written under --out")
     args = parser.parse_args()
     default = "save-all,recompute-pointwise" if args.device == "cuda" else "recompute-pointwise"
     strategies = [s for s in (args.strategies or default).split(",") if s]
     rows = training_rows(args.device, strategies=strategies, model=args.model, small=args.small,
-                         quick=args.quick, only=args.only, skip=tuple(v for v in args.skip.split(",") if v))
+                         quick=args.quick, only=args.only, skip=tuple(v for v in args.skip.split(",") if v),
+                         plans=tuple(p for p in args.plans.split(",") if p))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).parent).stdout.strip() or os.environ.get("BENCH_COMMIT", "unknown")
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"

@@ -17,8 +17,15 @@ Outputs are cloned by default. With ``clone_outputs: false`` the caller receives
 output buffers, which the next call of the same graph overwrites (the report says so).
 
 A graph is not recorded, with the reason in the report (``cudagraphs`` topic), when an input or an
-operation is on the CPU, when shapes are dynamic, when it is a training graph, or when recording
-fails; ``required: true`` turns each of these into an error.
+operation is on the CPU, when shapes are dynamic, when its role is not in ``roles`` (training
+graphs, ``forward`` and ``backward``, only when the plan lists them), or when recording fails;
+``required: true`` turns each of these into an error.
+
+Training graphs (``roles: [inference, forward, backward]``): AOTAutograd calls the compiled forward
+inside its autograd function and the backward from the autograd engine; both are recorded on
+their first call like any graph. Parameters are used in place; the activations the forward saves
+are new tensors every step, so the backward copies them into its static buffers, and both graphs'
+outputs are cloned (the forward's saved activations, the backward's gradients).
 """
 from __future__ import annotations
 
@@ -44,6 +51,11 @@ class CudaGraphsError(PipelineError):
     """A graph could not run under CUDA graphs and the plan says ``cudagraphs: {required: true}``."""
 
 
+def _roles_known(values: list[str]) -> str | None:
+    bad = [v for v in values if v not in ("inference", "forward", "backward")]
+    return f"unknown role(s) {bad}; use inference, forward or backward" if bad else None
+
+
 @attrs.frozen
 class CudaGraphsOptions:
     clone_outputs: bool = option(
@@ -53,6 +65,11 @@ class CudaGraphsOptions:
         False, "A graph that cannot be recorded is an error (naming the reason) instead of running "
                "without CUDA graphs.")
     warmup_runs: int = option(1, "Eager runs of the graph before it is recorded.", check=positive)
+    roles: list[str] = option(
+        ["inference"], "Graph roles recorded: inference, and for training steps forward and backward "
+                       "(their saved activations are copied into static buffers and their outputs cloned "
+                       "per call, so a step trades those copies for one launch per graph).",
+        check=_roles_known)
 
 
 def _packet(target: Any) -> str:
@@ -61,10 +78,13 @@ def _packet(target: Any) -> str:
     return ""
 
 
-def static_skip_reason(graph: torch.fx.GraphModule, context: PassContext) -> str | None:
-    """Why this graph cannot be recorded, judged from its example inputs and nodes (None: it can)."""
-    if context.role != "inference":
-        return f"{context.role} graphs are not recorded yet (inference graphs only)"
+def static_skip_reason(graph: torch.fx.GraphModule, context: PassContext,
+                       roles: tuple = ("inference",)) -> str | None:
+    """Why this graph cannot be recorded, judged from its role, example inputs and nodes (None: it
+    can)."""
+    if context.role not in roles:
+        return (f"{context.role} graphs are not recorded (cudagraphs.roles is {list(roles)}; add "
+                f"{context.role} to record them)")
     for i, value in enumerate(context.example_inputs):
         if isinstance(value, torch.SymInt) or (isinstance(value, torch.Tensor)
                                                and not all(type(s) is int for s in value.shape)):
@@ -232,10 +252,10 @@ class CudaGraphs(Pass):
 
     name = "cudagraphs"
     Options = CudaGraphsOptions
-    version = "1"
+    version = "2"
 
     def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
-        reason = static_skip_reason(graph, context)
+        reason = static_skip_reason(graph, context, tuple(self.options.roles))
         if reason is not None:
             if self.options.required:
                 raise CudaGraphsError(f"graph {context.graph_id}: cudagraphs is required but {reason}")

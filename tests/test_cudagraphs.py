@@ -113,3 +113,54 @@ def test_an_input_the_graph_writes_is_written_back():
         x, pos = torch.randn(2, 8, device="cuda"), torch.tensor([step, step + 8], device="cuda")
         assert compare(f(theirs, x, pos), compiled(ours, x, pos)) is None
         assert torch.equal(ours, theirs)
+
+
+TRAINING_CUDAGRAPHS = "benchmarks/plans/training-cudagraphs.yaml"
+
+
+def train_steps(model, compiled, steps: int, device: str) -> list[tuple[torch.Tensor, dict]]:
+    """Loss and gradients of ``steps`` AdamW steps of ``compiled`` (training ``model``'s weights)."""
+    torch.manual_seed(1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    out = []
+    for _ in range(steps):
+        x = torch.randn(8, 32, device=device)
+        optimizer.zero_grad(set_to_none=True)
+        loss = compiled(x).square().mean()
+        loss.backward()
+        out.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+        optimizer.step()
+    return out
+
+
+def test_training_graphs_are_recorded_only_when_the_plan_lists_their_roles():
+    model = mlp().train()
+    compiled = compile_with_plan(model, TRAINING_CUDAGRAPHS, options={"cudagraphs": {"roles": ["inference"]}})
+    compiled(torch.randn(8, 32)).sum().backward()
+    notes = cudagraph_notes(compiled)
+    assert any("forward graphs are not recorded (cudagraphs.roles is ['inference']" in n for n in notes)
+    assert any("backward graphs are not recorded" in n for n in notes)
+    listed = compile_with_plan(mlp().train(), TRAINING_CUDAGRAPHS)
+    listed(torch.randn(8, 32)).sum().backward()
+    assert not any("graphs are not recorded" in n for n in cudagraph_notes(listed))
+    assert any("not recorded: input 0 is a cpu tensor" in n for n in cudagraph_notes(listed))
+
+
+def test_an_unknown_role_is_refused_when_the_plan_loads():
+    with pytest.raises(Exception, match="unknown role"):
+        load_plan({"extends": "reduce-overhead", "options": {"cudagraphs": {"roles": ["training"]}}})
+
+
+@needs_cuda
+def test_training_steps_replayed_as_cuda_graphs_match_eager():
+    """Forward and backward recorded once, replayed each step: losses and gradients of every step
+    equal eager's from the same weights (the optimizer updates the weights in place between)."""
+    eager_model, model = mlp().cuda().train(), mlp().cuda().train()
+    compiled = compile_with_plan(model, TRAINING_CUDAGRAPHS)
+    expected, got = train_steps(eager_model, eager_model, 4, "cuda"), train_steps(model, compiled, 4, "cuda")
+    for (loss_e, grads_e), (loss, grads) in zip(expected, got):
+        assert compare(loss_e, loss) is None
+        for name in grads_e:
+            assert compare(grads_e[name], grads[name]) is None, name
+    records = [r for r in compilation_of(compiled).graphs if r.role in ("forward", "backward")]
+    assert {r.role for r in records if r.cudagraphs} == {"forward", "backward"}
