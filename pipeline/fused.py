@@ -274,8 +274,10 @@ class CompiledKernel:
 
     backend: str = "?"
     #: Whether the kernel's code reads each input element only at the index it writes, so an
-    #: output may take the buffer of a dying input of the same layout (:meth:`call_reusing`);
-    #: backends say so for their pointwise kernels, see :meth:`writes_inputs_safely`.
+    #: output may take the buffer of a dying input of the same layout: calling the kernel with
+    #: ``donors=(...)`` (one input index per output, -1: allocate) writes output ``k`` into
+    #: ``inputs[donors[k]]``. Backends say so for their pointwise kernels, see
+    #: :meth:`writes_inputs_safely`; the generated host code passes donors only where it may.
     in_place_capable: bool = False
 
     def __init__(self, group: FusedGroup, source: str):
@@ -287,12 +289,6 @@ class CompiledKernel:
         strides and dtype as the output, both covering the whole domain): a pointwise kernel of a
         backend that loads an element before storing to the same index."""
         return self.in_place_capable and self.group.kind == "pointwise"
-
-    def call_reusing(self, donors: tuple, *inputs: torch.Tensor) -> tuple:
-        """Like calling the kernel, but output ``k`` is written into ``inputs[donors[k]]`` where
-        ``donors[k] >= 0`` (the generated host code passes inputs that die at this call). Backends
-        that do not reuse buffers allocate as usual."""
-        return self(*inputs)
 
     @property
     def __name__(self) -> str:

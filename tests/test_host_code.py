@@ -102,7 +102,7 @@ def test_a_pointwise_kernel_writes_into_a_dying_computed_input():
     args = (torch.randn(8, 16), torch.randn(16, 32))
     out, record = run(matmul_then_pointwise, args)
     assert compare(matmul_then_pointwise(*args), out) is None
-    assert "_reusing((0,), " in record.final_code
+    assert "donors=(0,))" in record.final_code
 
 
 def test_graph_inputs_and_buffers_still_read_later_are_not_written_into():
@@ -114,7 +114,7 @@ def test_graph_inputs_and_buffers_still_read_later_are_not_written_into():
     args = (torch.randn(8, 8), torch.randn(8, 8))
     out, record = run(f, args)
     assert compare(f(*args), out) is None
-    assert "_reusing" not in record.final_code
+    assert "donors=" not in record.final_code
 
 
 def test_a_buffer_whose_alias_is_read_later_is_not_written_into():
@@ -126,4 +126,4 @@ def test_a_buffer_whose_alias_is_read_later_is_not_written_into():
     args = (torch.randn(8, 16), torch.randn(16, 16))
     out, record = run(f, args)
     assert compare(f(*args), out) is None
-    assert "_reusing" not in record.final_code
+    assert "donors=" not in record.final_code

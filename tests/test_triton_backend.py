@@ -216,7 +216,7 @@ def test_identical_groups_share_one_kernel_named_after_its_content():
 def test_a_pointwise_kernel_writes_into_a_dying_computed_input():
     """The matmul's result dies at the kernel, which stores its output over it (loads first)."""
     record = run_plan(lambda x, w: torch.sigmoid(x @ w) * x.sum(), torch.randn(8, 16), torch.randn(16, 32))
-    assert "_reusing((0,), " in record.final_code
+    assert "donors=(0,))" in record.final_code
 
 
 def test_reductions_over_zero_elements_match_eager():

@@ -78,10 +78,7 @@ class CppKernel(CompiledKernel):
 
     in_place_capable = True     # a pointwise loop loads in[i] before it stores out[i]
 
-    def __call__(self, *inputs: torch.Tensor) -> tuple:
-        return self.call_reusing((), *inputs)
-
-    def call_reusing(self, donors: tuple, *inputs: torch.Tensor) -> tuple:
+    def __call__(self, *inputs: torch.Tensor, donors: tuple = ()) -> tuple:
         if tuple(map(_stride, inputs)) != self.in_strides or tuple(map(_dtype, inputs)) != self.in_dtypes \
                 or not all(map(_is_cpu, inputs)):
             return self.group(*inputs)

@@ -16,7 +16,7 @@ microseconds. Three steps cut it, each visible in the generated code:
   ``torch.ops.aten.x.y`` per call; the common extern operators through torch's unboxed Python
   bindings, :data:`FAST_BINDINGS`; folded views as ``reinterpret_tensor`` aliases) and each
   kernel's launch method. A pointwise kernel writes an output into an input that dies at the
-  call when their layouts match (``call_reusing``, see :func:`_donors`): one allocation fewer.
+  call when their layouts match (``donors=``, see :func:`_donors`): one allocation fewer.
 
 The graph stays an ordinary FX graph of executable nodes: ``as_strided`` and ``linear`` are ATen
 operators, so verification and printing work as after any other pass.
@@ -364,8 +364,7 @@ def host_source(graph: torch.fx.Graph) -> tuple[str, dict[str, Any]]:
         elif (alias := _alias_of_fresh_tensor(node, emitter)) is not None:
             expr = alias
         elif (donors := _donors(node, last_use, order, roots, alias_end)) is not None:
-            reusing = emitter.bind(node.target.call_reusing, f"{node.target.__name__}_reusing")
-            expr = emitter.call(reusing, (donors, *node.args), node.kwargs)
+            expr = emitter.call(emitter.callee(node.target), node.args, {**node.kwargs, "donors": donors})
         else:
             expr = emitter.call(emitter.callee(node.target), node.args, node.kwargs)
         line = f"    {node.name} = {expr}" if node.users else f"    {expr}"

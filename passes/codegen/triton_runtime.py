@@ -185,10 +185,7 @@ class TritonKernel(CompiledKernel):
 
     in_place_capable = True     # a pointwise program loads its block before it stores it
 
-    def __call__(self, *inputs: torch.Tensor) -> tuple:
-        return self.call_reusing((), *inputs)
-
-    def call_reusing(self, donors: tuple, *inputs: torch.Tensor) -> tuple:
+    def __call__(self, *inputs: torch.Tensor, donors: tuple = ()) -> tuple:
         fast = self._fast
         if fast is not None and inputs and tuple(map(_stride, inputs)) == self.in_strides \
                 and inputs[0].get_device() == fast[0] == fast[1]() and _aligned(inputs, fast[12]):
