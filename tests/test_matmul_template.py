@@ -143,6 +143,7 @@ def test_every_candidate_configuration_matches_eager():
     from passes.codegen.matmul_template import MatmulTemplateKernel
     from passes.codegen.matmul_template_source import candidate_configs, template_source
     from passes.codegen.triton_runtime import load_module, write_source
+    torch.manual_seed(0)    # inputs independent of the tests run before (fp16 sits near its tolerance)
     for dtype, (m, n, k) in ((torch.float32, (130, 136, 80)), (torch.float16, (70, 260, 72))):
         fn = epilogue_function(False, True, "tanh", True, True)
         args = epilogue_inputs(m, n, k, False, dtype=dtype)
