@@ -249,3 +249,11 @@ def test_view_motion_preserves_semantics_on_any_layout(layout, direction, a, b, 
 
     torch._dynamo.reset()       # every example compiles a fresh function of the same code
     compiled_record(hoist if direction == "hoist" else sink, x, w)
+
+
+def test_a_clone_to_a_rank_specific_layout_is_not_moved_across_a_reshape():
+    def f(x):
+        y = x.contiguous(memory_format=torch.channels_last)
+        return torch.softmax(y.view(2, 3, 20), -1)
+
+    compiled_record(f, torch.randn(2, 3, 4, 5))

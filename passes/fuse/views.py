@@ -52,9 +52,15 @@ def move_views(graph: torch.fx.GraphModule) -> int:
     return moved
 
 
+LAYOUT_FREE = (None, torch.preserve_format, torch.contiguous_format)
+
+
 def _elementwise(node: torch.fx.Node) -> bool:
-    """A pointwise node whose tensor operands all have its shape (or are 0-d)."""
+    """A pointwise node whose tensor operands all have its shape (or are 0-d), and that asks for
+    no rank-specific layout (a ``clone`` to ``channels_last`` cannot move to another rank)."""
     if node.op != "call_function" or classify(node)[0] != "pointwise":
+        return False
+    if node.kwargs.get("memory_format") not in LAYOUT_FREE:
         return False
     shape = tuple(meta_of(node).shape)
     for arg in node.all_input_nodes:
