@@ -98,3 +98,19 @@ def fresh_dynamo():
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
+
+
+def triton_interpreter_ready(request: pytest.FixtureRequest) -> bool:
+    """For modules whose tests run Triton kernels under the interpreter: skip the test when
+    ``TRITON_INTERPRET`` is set to something other than 1; return False (the test should run
+    without setting anything up) for such a module's ``test_module_in_a_fresh_process`` when
+    triton was already imported without the interpreter, which skips the module's other tests."""
+    from passes.codegen import triton_runtime
+    if not triton_runtime.interpreting():
+        pytest.skip("TRITON_INTERPRET is set to something other than 1 in the environment")
+    if triton_runtime.interpreter_problem():
+        if request.node.name != "test_module_in_a_fresh_process":
+            pytest.skip("triton was imported in interpreter-less mode before this module: "
+                        "test_module_in_a_fresh_process runs these tests in a new process")
+        return False
+    return True

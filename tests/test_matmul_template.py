@@ -25,6 +25,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from pipeline import compilation_of, compile_with_plan, load_plan  # noqa: E402
 from pipeline.numerics import compare  # noqa: E402
+from conftest import triton_interpreter_ready  # noqa: E402
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install -e '.[gpu]')")
@@ -43,13 +44,8 @@ def _interpreter_and_records(monkeypatch, request):
     if not HAS_TRITON:
         yield
         return
-    from passes.codegen import matmul_template, triton_runtime
-    if not triton_runtime.interpreting():
-        pytest.skip("TRITON_INTERPRET is set to something other than 1 in the environment")
-    if triton_runtime.interpreter_problem():
-        if request.node.name != "test_module_in_a_fresh_process":
-            pytest.skip("triton was imported in interpreter-less mode before this module: "
-                        "test_module_in_a_fresh_process runs these tests in a new process")
+    from passes.codegen import matmul_template
+    if not triton_interpreter_ready(request):
         yield
         return
     original = matmul_template.install

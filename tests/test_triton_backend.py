@@ -27,6 +27,7 @@ from pipeline import compilation_of, compile_with_plan  # noqa: E402
 from pipeline.fused import FusedGroup  # noqa: E402
 from pipeline.numerics import compare  # noqa: E402
 from pipeline.testing import assert_preserves_semantics, graphs  # noqa: E402
+from conftest import triton_interpreter_ready  # noqa: E402
 from sample_functions import layer_norm, log_softmax, rms_norm, softmax  # noqa: E402
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -45,12 +46,7 @@ def _record_kernels(monkeypatch, request):
         yield
         return
     from passes.codegen import triton_runtime
-    if not triton_runtime.interpreting():
-        pytest.skip("TRITON_INTERPRET is set to something other than 1 in the environment")
-    if triton_runtime.interpreter_problem():
-        if request.node.name != "test_module_in_a_fresh_process":
-            pytest.skip("triton was imported in interpreter-less mode before this module: "
-                        "test_module_in_a_fresh_process runs these tests in a new process")
+    if not triton_interpreter_ready(request):
         yield
         return
     original = triton_runtime.generate
