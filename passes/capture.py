@@ -36,6 +36,11 @@ class CaptureOptions:
             "transformers.models.gpt2.modeling_gpt2.GPT2Block, or the bare class name): each block instance "
             "runs through one compiled function per class, so the block is compiled once and reused by every "
             "instance that passes the same guards; the rest of the model runs eagerly (docs/caching.md).")
+    region_hooks: Literal["auto", "compiled", "eager"] = option(
+        "auto", "With regions: compiled traces each block's forward hooks with it; eager runs them in "
+                "nn.Module.__call__ and compiles only the class's forward; auto is eager for FSDP2 "
+                "(fully_shard) blocks, whose hooks Dynamo cannot trace, and compiled otherwise "
+                "(docs/distributed.md).")
 
 
 class Capture(CapturePass):
@@ -43,7 +48,7 @@ class Capture(CapturePass):
 
     name = "capture"
     Options = CaptureOptions
-    version = "1"
+    version = "2"
     provides = frozenset({"captured"})
 
     def capture(self, fn: Callable, compile_graph: GraphCompiler, context: CaptureContext) -> Callable:
@@ -70,8 +75,16 @@ class Capture(CapturePass):
         if opts.regions:
             from .regions import RegionalRunner
             optimized = RegionalRunner(fn, opts.regions, lambda region: compat.dynamo_compile(
-                region, backend, fullgraph=opts.fullgraph, dynamic=opts.dynamic))
+                region, backend, fullgraph=opts.fullgraph, dynamic=opts.dynamic), opts.region_hooks)
         else:
+            from .regions import sharded_block_classes
+            sharded = sharded_block_classes(fn)
+            if sharded:
+                warnings.warn(f"pipeline: {type(fn).__name__} has FSDP2 (fully_shard) submodules, whose hooks "
+                              f"Dynamo does not trace: compiled whole, its graph breaks at every sharded "
+                              f"module and only the frames between the hooks are compiled. To compile each "
+                              f"sharded block's forward once, with its hooks eager, use capture: {{regions: "
+                              f"{sharded}}} (docs/distributed.md).", stacklevel=4)
             target = _module_caller(fn) if isinstance(fn, torch.nn.Module) else fn
             optimized = compat.dynamo_compile(target, backend, fullgraph=opts.fullgraph, dynamic=opts.dynamic)
         unsupported = compat.unsupported_error_types()

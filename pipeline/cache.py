@@ -39,6 +39,7 @@ import io
 import json
 import os
 import platform
+import re
 import sys
 import tempfile
 from functools import lru_cache
@@ -170,6 +171,15 @@ def input_metadata(value: Any) -> Any:
     return {"type": f"{type(value).__module__}.{type(value).__qualname__}"}
 
 
+def _backward_input(metadata: Any) -> Any:
+    """A backward graph runs without autograd, so whether an example input required gradients is
+    not part of its key (it varies with where the input came from: a tangent from autograd, or
+    a saved tensor from a forward compiled in this process or rebuilt from the cache)."""
+    if isinstance(metadata, dict):
+        metadata = {k: v for k, v in metadata.items() if k != "requires_grad"}
+    return metadata
+
+
 def _size(s: Any) -> Any:
     return s if type(s) is int else str(s)
 
@@ -216,7 +226,8 @@ def key_material(gm: torch.fx.GraphModule, example_inputs: list, *, plan: Any, p
     material = {
         "format": ENTRY_FORMAT,
         "graph": graph,
-        "inputs": [input_metadata(v) for v in example_inputs],
+        "inputs": [_backward_input(input_metadata(v)) if role == "backward" else input_metadata(v)
+                   for v in example_inputs],
         "role": role,
         "target": target,
         "plan": plan_data,
@@ -226,11 +237,58 @@ def key_material(gm: torch.fx.GraphModule, example_inputs: list, *, plan: Any, p
         "code": code_fingerprint([b.instance for b in passes]),
         "environment": environment(target),
     }
+    index = single_cuda_index([material["graph"], material["inputs"]])
+    if index is not None:   # one GPU: keyed on "cuda", so every rank of a host finds the entry
+        material["graph"], material["inputs"] = relocate_cuda([material["graph"], material["inputs"]], index, None)
+        material["cuda_index"] = index   # not hashed: digest() leaves it out
     return material, None
 
 
+_CUDA = re.compile(r"cuda:(\d+)")
+
+
+def single_cuda_index(data: Any) -> int | None:
+    """The index of the one CUDA device that ``data`` (a graph's material, an entry's graph)
+    names as ``"cuda:N"`` strings, or None when it names none or several."""
+    found = {int(m.group(1)) for m in _CUDA.finditer(json.dumps(data, default=str))}
+    return found.pop() if len(found) == 1 else None
+
+
+def relocate_cuda(data: Any, old: int | None, new: int | None) -> Any:
+    """``data`` with every string ``"cuda:<old>"`` (or ``"cuda"`` when ``old`` is None) replaced by
+    ``"cuda:<new>"`` (or ``"cuda"``): a graph compiled for one GPU of a host, rebuilt for another."""
+    before = "cuda" if old is None else f"cuda:{old}"
+    after = "cuda" if new is None else f"cuda:{new}"
+    if isinstance(data, str):
+        return after if data == before else data
+    if isinstance(data, list):
+        return [relocate_cuda(v, old, new) for v in data]
+    if isinstance(data, tuple):
+        return tuple(relocate_cuda(v, old, new) for v in data)
+    if isinstance(data, dict):
+        return {k: relocate_cuda(v, old, new) for k, v in data.items()}
+    return data
+
+
+ENV_KEYS = "PIPELINE_CACHE_KEYS_DIR"
+
+
+def dump_key_material(key: str, material: dict, graph_id: str) -> None:
+    """With ``PIPELINE_CACHE_KEYS_DIR`` set, write what a graph's key hashes to
+    ``<dir>/<pid>/<graph id>-<role>-<key prefix>.json``: diffing two such files says why two
+    processes (two ranks, two machines) missed each other's entries."""
+    folder = os.environ.get(ENV_KEYS)
+    if not folder:
+        return
+    path = Path(folder) / str(os.getpid()) / f"{graph_id}-{material.get('role')}-{key[:12]}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(material, sort_keys=True, default=str, indent=1))
+
+
 def digest(material: dict) -> str:
-    """The key: SHA-256 of the material as canonical JSON."""
+    """The key: SHA-256 of the material as canonical JSON (the CUDA index it was relocated from is
+    not part of it)."""
+    material = {k: v for k, v in material.items() if k != "cuda_index"}
     text = json.dumps(material, sort_keys=True, default=str, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 

@@ -21,7 +21,7 @@ import torch.fx
 
 from . import compat
 from .cache import (CorruptEntry, cache_root, digest, entry_path, environment, file_digest, graphs_enabled,
-                    key_material, read_entry, write_entry)
+                    dump_key_material, key_material, read_entry, relocate_cuda, write_entry)
 from .graph_io import Codec, UnsupportedGraph, data_to_graph, graph_to_data
 from .logs import get_logger
 
@@ -57,6 +57,7 @@ class GraphCache:
         self.enabled = bool(plan.cache.enabled) and graphs_enabled()
         self.keys: list[str] = []
         self._code: dict[str, dict] = {}     # key -> source fingerprints it was made with
+        self._cuda_index: dict[str, int | None] = {}   # key -> the GPU its graph was keyed on
         self._log = get_logger("cache")
 
     def lookup(self, gm: torch.fx.GraphModule, example_inputs: list, *, plan: Any, passes: list, role: str,
@@ -81,7 +82,9 @@ class GraphCache:
             self._log.warning("%s: not cached: %s", graph_id, reason)
             return Probe("uncacheable", reason=reason or "", seconds=time.perf_counter() - start), None, {}
         key = digest(material)
+        dump_key_material(key, material, graph_id)
         self._code[key] = material["code"]
+        index = self._cuda_index[key] = material.get("cuda_index")
         if bypass:
             return Probe("bypassed", key, reason=bypass, seconds=time.perf_counter() - start), None, {}
         path = entry_path(self.root, key)
@@ -91,6 +94,10 @@ class GraphCache:
             return probe, None, {}
         try:
             _, meta, constants = read_entry(path, key)
+            stored = meta.get("cuda_index")
+            if index is not None and stored is not None and stored != index:   # compiled on another GPU
+                meta["graph"], meta["record"] = relocate_cuda([meta["graph"], meta.get("record", {})], stored, index)
+                constants = {k: v.to(f"cuda:{index}") if v.is_cuda else v for k, v in constants.items()}
             self._check_files(meta.get("files", {}))
             codec = Codec(constants, dict(meta["texts"]), cache_dir=self.configured_dir)
             graph = data_to_graph(meta["graph"], constants, codec)
@@ -140,7 +147,8 @@ class GraphCache:
             probe.reason = f"not stored: {exc}"
             self._log.info("compiled graph not stored in the cache: %s", exc)
             return
-        meta = {"graph": data, "texts": codec.texts, "files": files, "record": record}
+        meta = {"graph": data, "texts": codec.texts, "files": files, "record": record,
+                "cuda_index": self._cuda_index.get(probe.key)}
         path = entry_path(self.root, probe.key)
         try:
             write_entry(path, probe.key, meta, constants, {"environment": environment(target), "target": target,

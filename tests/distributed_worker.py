@@ -8,7 +8,9 @@ Scenarios:
 ``ddp``       eager DistributedDataParallel, then the same model and data compiled with the
               ``training`` plan (1 MiB buckets: Dynamo's DDPOptimizer splits the graph in two),
               then again with ``torch._dynamo.config.optimize_ddp = False`` (no split).
-``fsdp2``     the same with ``fully_shard`` (FSDP2) instead of DDP.
+``fsdp2``     the same with ``fully_shard`` (FSDP2) on every layer and the root instead of DDP,
+              compiled with ``capture.regions`` (each sharded layer's forward compiled, its
+              hooks eager), and once compiled whole (nothing captured; the plan warns).
 ``fleet``     rank 0 compiles (on a DDP model of its own, in a group of one), saves the artifacts
               and passes a barrier; the other ranks load them into empty caches before their first
               call; then every rank trains the world-wide DDP model.
@@ -41,16 +43,27 @@ WIDTH = 256
 STEPS = 5
 
 
+class Layer(torch.nn.Module):
+    """One block: a linear layer and a GELU (FSDP2 shards each block, regions compile it)."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.linear = torch.nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(self.linear(x))
+
+
 class MLP(torch.nn.Module):
     """Six 256-wide layers: 1.5 MiB of fp32 parameters, so 1 MiB DDP buckets make two buckets."""
 
     def __init__(self, width: int = WIDTH, depth: int = 6):
         super().__init__()
-        self.layers = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(depth))
+        self.layers = torch.nn.ModuleList(Layer(width) for _ in range(depth))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
-            x = F.gelu(layer(x))
+            x = layer(x)
         return x
 
 
@@ -123,6 +136,10 @@ def scenario_ddp(rank: int, args: argparse.Namespace) -> dict:
 
 
 def scenario_fsdp2(rank: int, args: argparse.Namespace) -> dict:
+    """Eager FSDP2, then the same compiled with the training plan and ``capture.regions: [Layer]``
+    (hooks eager, each sharded layer's forward compiled), then compiled whole (the plan warns)."""
+    import warnings
+
     from torch.distributed.fsdp import fully_shard
 
     data = batches(rank, [16] * STEPS)
@@ -137,11 +154,19 @@ def scenario_fsdp2(rank: int, args: argparse.Namespace) -> dict:
     eager = sharded()
     eager_losses = train(eager, eager, data)
     model = sharded()
-    compiled = pipeline.compile_with_plan(model, "training")
+    compiled = pipeline.compile_with_plan(model, "training", options={"capture": {"regions": ["Layer"]}})
     losses = train(model, compiled, data)
-    return {"eager_losses": eager_losses, "losses": losses,
-            "max_parameter_difference": max_difference(full_parameters(model), full_parameters(eager)),
-            **compile_summary(compiled)}
+    result = {"eager_losses": eager_losses, "losses": losses,
+              "max_parameter_difference": max_difference(full_parameters(model), full_parameters(eager)),
+              **compile_summary(compiled)}
+    whole = sharded()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled_whole = pipeline.compile_with_plan(whole, "training")
+        result["whole"] = {"losses": train(whole, compiled_whole, data[:1]),
+                           "warnings": [str(w.message) for w in caught if "FSDP2" in str(w.message)],
+                           **compile_summary(compiled_whole)}
+    return result
 
 
 def scenario_fleet(rank: int, args: argparse.Namespace) -> dict:

@@ -248,3 +248,59 @@ def test_progress_is_silent_for_short_compiles_and_off_when_not_a_terminal(monke
     progress.for_graph("g1", 3, 61.0)
     progress.write("g1 [1/3] fuse")
     assert stream.getvalue() == "pipeline: g1 [1/3] fuse\n"
+
+
+def test_a_backward_graphs_key_ignores_whether_its_inputs_required_gradients():
+    """A backward graph runs without autograd: a saved tensor that requires gradients in the process
+    that compiled (from a forward traced there) and not in one that loaded artifacts (from a forward
+    rebuilt from the cache) is the same input, so both must find the same entry (fleet start)."""
+    from pipeline.cache import key_material
+    from pipeline.plan import load_plan
+
+    gm = torch.fx.symbolic_trace(lambda a, b: a * b)
+    plan = load_plan("default")
+
+    def key(role: str, requires_grad: bool) -> str:
+        inputs = [torch.randn(3, requires_grad=requires_grad), torch.randn(3)]
+        material, _ = key_material(gm, inputs, plan=plan, passes=[], role=role, target="cpu")
+        return json.dumps(material["inputs"], sort_keys=True)
+
+    assert key("backward", True) == key("backward", False)
+    assert key("forward", True) != key("forward", False)
+
+
+def _graph_on(device: str) -> torch.fx.GraphModule:
+    """``a + ones(3, device=device)``: a graph naming its device in a node's arguments."""
+    graph = torch.fx.Graph()
+    a = graph.placeholder("a")
+    ones = graph.call_function(torch.ops.aten.ones.default, ([3],), {"device": torch.device(device)})
+    graph.output(graph.call_function(torch.ops.aten.add.Tensor, (a, ones)))
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+def test_a_graph_on_one_gpu_has_the_same_key_on_every_gpu_of_the_host_and_is_relocated_on_a_hit():
+    """Fleet start on one host: rank 1 (cuda:1) finds the entries rank 0 (cuda:0) compiled; the
+    rebuilt graph names the GPU it is loaded for. A graph spanning two GPUs keeps its indices."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from pipeline.cache import digest, key_material, relocate_cuda
+    from pipeline.graph_io import data_to_graph, graph_to_data
+    from pipeline.plan import load_plan
+
+    plan = load_plan("default")
+    with FakeTensorMode():
+        on0, on1 = torch.empty(3, device="cuda:0"), torch.empty(3, device="cuda:1")
+
+    def material(device: str, example: torch.Tensor) -> dict:
+        return key_material(_graph_on(device), [example], plan=plan, passes=[], role="forward", target="cuda")[0]
+
+    first, second = material("cuda:0", on0), material("cuda:1", on1)
+    assert digest(first) == digest(second)
+    assert (first["cuda_index"], second["cuda_index"]) == (0, 1)
+    spanning = material("cuda:1", on0)
+    assert "cuda_index" not in spanning and digest(spanning) != digest(first)
+
+    data, constants = graph_to_data(_graph_on("cuda:0"))
+    rebuilt = data_to_graph(relocate_cuda(data, 0, 1), constants)
+    ones = next(n for n in rebuilt.graph.nodes if n.target is torch.ops.aten.ones.default)
+    assert ones.kwargs["device"] == torch.device("cuda:1")

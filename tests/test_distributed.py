@@ -108,19 +108,30 @@ def test_without_dynamos_ddp_optimizer_the_model_is_one_graph_and_still_matches(
 
 # -- FSDP2 -----------------------------------------------------------------------------------------
 
-def test_fsdp2_on_cpu_gloo_trains_as_eager_and_says_whether_it_compiled(tmp_path):
-    ranks = run_ranks("fsdp2", tmp_path)
-    for rank in ranks:
+@pytest.fixture(scope="module")
+def fsdp2(tmp_path_factory) -> list[dict]:
+    return run_ranks("fsdp2", tmp_path_factory.mktemp("fsdp2"))
+
+
+def test_fsdp2_blocks_compiled_as_regions_train_as_eager_fsdp2(fsdp2):
+    for rank in fsdp2:
         assert_close_lists(rank["losses"], rank["eager_losses"])
         assert rank["max_parameter_difference"] <= 1e-5
-    if ranks[0]["graph_count"] == 0:
-        pytest.skip("fully_shard (FSDP2) trains on CPU/gloo under compile_with_plan and matches eager, but "
-                    "no graph is compiled on torch 2.13: Dynamo captures nothing of a fully_shard model "
-                    "(FSDP2 wraps its hooks in torch._dynamo.disable; graph break: "
-                    f"{ranks[0]['graph_breaks']!r}); torch.compile with a custom backend captures no graph "
-                    "of it either, whole or per layer (docs/distributed.md)")
-    for rank in ranks:
-        assert rank["graph_count"] >= 1
+        # One compiled graph for the six sharded layers (hooks eager, forward compiled), reused by
+        # every later layer and every step (the unsharded parameters keep their identity between
+        # steps), plus one for the first layer, whose input does not require gradients.
+        assert rank["graph_count"] == 2, rank["graph_ids"]
+        assert len(rank["recompiles"]) == 1 and "requires_grad mismatch" in rank["recompiles"][0]
+        assert rank["graph_breaks"] == []
+
+
+def test_fsdp2_model_compiled_whole_breaks_at_the_hooks_and_warns_with_the_regions_to_use(fsdp2):
+    for rank in fsdp2:
+        whole = rank["whole"]
+        assert_close_lists(whole["losses"], rank["eager_losses"][:1])
+        assert whole["graph_breaks"], "Dynamo breaks the graph at FSDP2's hooks"
+        assert len(whole["warnings"]) == 1, whole["warnings"]
+        assert "capture: {regions: ['Layer']}" in whole["warnings"][0]
 
 
 # -- fleet start: rank 0 compiles, the others load its artifacts ------------------------------------

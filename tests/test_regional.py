@@ -98,3 +98,34 @@ def test_regions_with_the_export_frontend_are_refused():
     with pytest.raises(PipelineError, match="frontend: dynamo only"):
         compile_with_plan(Stack(2).eval(), "default",
                           options={"capture": {"regions": ["Block"], "frontend": "export"}})
+
+
+@torch._dynamo.disable
+def _untraceable_hook_work(calls: list) -> None:
+    calls.append(1)   # stands for FSDP2's all-gather: Dynamo does not trace it
+
+
+def test_region_hooks_eager_runs_the_hooks_outside_and_compiles_only_the_forward():
+    """A block whose forward pre-hook Dynamo cannot trace (as FSDP2's, docs/distributed.md): with
+    ``region_hooks: compiled`` the traced call breaks at the hook; with ``eager`` the hook runs in
+    ``nn.Module.__call__`` and each block's forward is one graph shared by every instance, and the
+    blocks leave the compiled model with their own ``forward`` back."""
+    results = {}
+    for mode in ("compiled", "eager"):
+        torch.manual_seed(0)
+        model = Stack(blocks=3).eval()
+        calls: list = []
+        for block in model.blocks:
+            block.register_forward_pre_hook(lambda module, args: _untraceable_hook_work(calls))
+        compiled = compile_with_plan(model, "default",
+                                     options={"capture": {"regions": ["Block"], "region_hooks": mode}})
+        x = torch.randn(2, 16, 16)
+        with torch.no_grad():
+            out, expected = compiled(x), model(x)
+        torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+        assert len(calls) == 6, "the hook ran once per block per call, compiled or not"
+        assert all("forward" not in vars(block) for block in model.blocks)
+        results[mode] = compilation_of(compiled).summary()
+    assert results["eager"]["graph_breaks"] == []
+    assert results["eager"]["graph_count"] == 1
+    assert results["compiled"]["graph_breaks"], "a traced hook that Dynamo skips breaks the graph"
