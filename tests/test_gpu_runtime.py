@@ -71,3 +71,29 @@ def test_a_kernel_triton_cannot_compile_at_its_first_shape_runs_with_another():
         assert compare(expected, actual) is None
     for expected, actual in zip(five_outputs(x), compiled(x)):   # the direct launch path
         assert compare(expected, actual) is None
+
+
+def test_a_graphs_kernels_compile_on_worker_threads_before_their_first_launch(made, monkeypatch):
+    """codegen's compile_workers: every Triton compile of a new graph's kernels runs on the pool's
+    threads during codegen; the first launch finds its binary in the JIT's cache."""
+    import threading
+
+    import triton.compiler
+    threads = []
+    original = triton.compiler.compile
+
+    def recording(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(triton.compiler, "compile", recording)
+
+    def f(x, y):   # constants no other test uses: kernels of their own
+        return (x * 1.8125).sin() + y.softmax(-1), (y - 0.4375).relu().sum(-1)
+
+    compiled = compile_with_plan(f, "default")
+    x, y = torch.randn(64, 512, device="cuda"), torch.randn(64, 512, device="cuda")
+    for expected, actual in zip(f(x, y), compiled(x, y)):
+        assert compare(expected, actual) is None
+    assert len(made) >= 2
+    assert threads and all(name.startswith("triton-compile") for name in threads), threads

@@ -314,3 +314,33 @@ def test_module_in_a_fresh_process():
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
                           capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+
+
+def test_precompile_submits_each_distinct_kernel_once_under_tritons_async_compile_mode():
+    """The orchestration of codegen's parallel compile (the compile itself needs a GPU:
+    tests/test_gpu_runtime.py): one warm-up per distinct (function, dtypes, launch constants),
+    each while Triton's AsyncCompileMode is active, with the kernel's grid and constants."""
+    from types import SimpleNamespace
+
+    from triton.runtime import _async_compile
+
+    from passes.codegen.triton_runtime import precompile
+
+    calls = []
+
+    class Function:
+        def warmup(self, *dtypes, grid, **kwargs):
+            calls.append((self, dtypes, grid, kwargs, _async_compile.active_mode.get() is not None))
+
+    shared, other = Function(), Function()
+
+    def kernel(function, block=64):
+        return SimpleNamespace(function=function, device=torch.device("cuda", 0), empty=False,
+                               kwargs={"BLOCK": block, "num_warps": 4}, generated=SimpleNamespace(grid=(8,)))
+
+    f32 = [torch.float32, torch.float32]
+    count, _ = precompile([(kernel(shared), f32), (kernel(shared), f32), (kernel(shared, 128), f32),
+                           (kernel(other), f32), (kernel(other), [torch.float16, torch.float16])], workers=2)
+    assert count == len(calls) == 4
+    assert all(active for *_, active in calls)
+    assert calls[0] == (shared, tuple(f32), (8,), {"BLOCK": 64, "num_warps": 4}, True)

@@ -24,7 +24,7 @@ import attrs
 import torch
 import torch.fx
 
-from pipeline import Pass, PassContext, option
+from pipeline import Pass, PassContext, non_negative, option
 from pipeline.fused import CompiledKernel, FusedGroup, meta_of
 from pipeline.graph_io import Codec, UnsupportedGraph
 from pipeline.loops import UnsupportedGroup, analyze
@@ -53,6 +53,10 @@ class CodegenOptions:
     host_code: bool = option(
         True, "Run the graph through our generated host source, which calls ATen entry points and kernel "
               "launchers directly (off: FX's generated code).")
+    compile_workers: int = option(
+        8, "triton: threads compiling a graph's distinct CUDA kernels in parallel when it is generated, "
+           "before their first launch (0: each kernel compiles at its first launch, one after another).",
+        check=non_negative)
 
 
 class CppKernel(CompiledKernel):
@@ -137,7 +141,7 @@ class Codegen(Pass):
 
     name = "codegen"
     Options = CodegenOptions
-    version = "2"
+    version = "3"
     requires = frozenset({"fused"})
     provides = frozenset({"codegen"})
 
@@ -148,7 +152,7 @@ class Codegen(Pass):
         if backend == "triton":
             from .triton_runtime import generate   # imports triton lazily
             graph = generate(graph, context, emulate_precision=self.options.emulate_precision_casts,
-                             autotune=self.options.autotune)
+                             autotune=self.options.autotune, compile_workers=self.options.compile_workers)
         else:
             graph = self.generate_cpp(graph, context)
         return self.host(graph, context)

@@ -15,12 +15,14 @@ interpreted kernels cannot compile for a GPU any more (the interpreter patches
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -311,10 +313,11 @@ def _aligned(inputs: tuple, indices: tuple) -> bool:
 
 
 def generate(graph: torch.fx.GraphModule, context: Any, *, emulate_precision: bool,
-             autotune: bool = False) -> torch.fx.GraphModule:
+             autotune: bool = False, compile_workers: int = 0) -> torch.fx.GraphModule:
     """The ``codegen`` pass with ``backend: triton``: a TritonKernel for every fused group it can
     generate; the others keep running eagerly, with the reason in the report. With ``autotune``
-    each CUDA kernel's launch shape is chosen by timing candidates (triton_autotune.py)."""
+    each CUDA kernel's launch shape is chosen by timing candidates (triton_autotune.py). With
+    ``compile_workers`` the CUDA kernels' binaries are compiled in parallel (:func:`precompile`)."""
     interpret = interpreting()
     blocked = triton_missing()
     if blocked is None and interpret:
@@ -322,6 +325,7 @@ def generate(graph: torch.fx.GraphModule, context: Any, *, emulate_precision: bo
     cache = context.plan.cache if context.plan is not None else None
     directory, persistent = (cache.dir, cache.enabled) if cache is not None else (None, True)
     made, hits = 0, 0
+    cuda_kernels: list[tuple[TritonKernel, list[torch.dtype]]] = []
     for node in graph.graph.nodes:
         if node.op != "call_function" or not isinstance(node.target, FusedGroup):
             continue
@@ -356,16 +360,60 @@ def generate(graph: torch.fx.GraphModule, context: Any, *, emulate_precision: bo
             context.note(message)
         path, hit = write_source(generated.source, directory, persistent=persistent)
         module = load_module(path, interpret=interpret)
-        kernel = TritonKernel(group, generated, module, path, [meta_of(p) for p in placeholders],
-                              [meta_of(n) for n, _ in nest.outputs])
+        arguments = [meta_of(p) for p in placeholders], [meta_of(n) for n, _ in nest.outputs]
+        kernel = TritonKernel(group, generated, module, path, *arguments)
         kernel.alternatives = _other_launch_shapes(nest, generated, emulate_precision, directory, persistent)
         node.target = kernel
         made, hits = made + 1, hits + hit
+        if device.type == "cuda" and not interpret:
+            cuda_kernels.append((kernel, [v.dtype for v in arguments[0] + arguments[1]]))
     if made:
         context.note(f"{made} Triton kernel(s) in {kernel_dir(directory, persistent=persistent)} ({hits} cache hit(s))"
                      + (" run by the Triton interpreter" if interpret else ""))
         graph.recompile()
+    if cuda_kernels and compile_workers:
+        compiled, seconds = precompile(cuda_kernels, compile_workers)
+        if compiled:
+            context.note(f"{compiled} distinct Triton kernel binaries compiled by {compile_workers} thread(s) "
+                         f"in {seconds:.2f} s before the first launch")
     return graph
+
+
+def _on_device(device: torch.device) -> Any:
+    """``torch.cuda.device`` of ``device`` (the JIT compiles for the current device), or nothing
+    where this torch has no CUDA."""
+    if not torch.cuda.is_available():
+        return contextlib.nullcontext()
+    return torch.cuda.device(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def precompile(kernels: list[tuple["TritonKernel", list[torch.dtype]]], workers: int) -> tuple[int, float]:
+    """Compile the binaries of ``kernels`` (each with the dtypes of its inputs and outputs) on a
+    pool of ``workers`` threads, before their first launch, through Triton's own ahead-of-time path
+    (``JITFunction.warmup`` under ``triton.AsyncCompileMode``): each lands in its JIT function's
+    in-memory cache under the key a launch with 16-byte-aligned tensors computes, so that launch
+    compiles nothing. Triton's compile spends most of its time outside the GIL (MLIR passes,
+    ptxas). A kernel that fails to compile here is left alone: its first launch compiles it again
+    and takes the usual way out (other launch shapes, then an error naming it). Returns (distinct
+    kernels submitted, seconds)."""
+    try:
+        from triton import AsyncCompileMode
+    except ImportError:   # an older Triton: every kernel compiles at its first launch
+        return 0, 0.0
+    from concurrent.futures import ThreadPoolExecutor
+
+    started = time.perf_counter()
+    seen: set = set()
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="triton-compile") as pool, \
+            AsyncCompileMode(pool, ignore_errors=True):
+        for kernel, dtypes in kernels:
+            key = (id(kernel.function), kernel.device, tuple(dtypes), tuple(sorted(kernel.kwargs.items())))
+            if key in seen or kernel.empty:
+                continue
+            seen.add(key)
+            with _on_device(kernel.device):
+                kernel.function.warmup(*dtypes, grid=kernel.generated.grid, **kernel.kwargs)
+    return len(seen), time.perf_counter() - started
 
 
 def _other_launch_shapes(nest: Any, generated: TritonSource, emulate_precision: bool, directory: Any,
