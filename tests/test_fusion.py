@@ -257,3 +257,42 @@ def test_a_clone_to_a_rank_specific_layout_is_not_moved_across_a_reshape():
         return torch.softmax(y.view(2, 3, 20), -1)
 
     compiled_record(f, torch.randn(2, 3, 4, 5))
+
+
+def _full_size_writes(record) -> list[str]:
+    """Stores of the log-softmax's row kernel indexed along the row (``i1``): full-size outputs."""
+    (row,) = [k for k in record.contents["kernels"] if "aten.amax" in k["ops"]]
+    return [w for w in re.findall(r"out\d+\[([^\]]+)\] =", row["source"]) if "i1" in w]
+
+
+def test_cross_entropy_gathers_logits_instead_of_writing_every_log_probability():
+    """gather(log_softmax(x), 1, target) becomes x[i, target] - max - log-sum: the row kernel
+    writes per-row statistics only, and the loss matches eager."""
+    args = (torch.randn(2, 8, 50, dtype=torch.bfloat16), torch.randint(0, 50, (2, 8)))
+    record = compiled_record(cross_entropy_of_bf16_logits, *args)
+    assert _full_size_writes(record) == []
+    plan = {"extends": "cpu-inference", "options": {"fuse": {"sink_gathers": False}}}
+    torch._dynamo.reset()
+    assert _full_size_writes(compiled_record(cross_entropy_of_bf16_logits, *args, plan=plan))
+
+
+@settings(deadline=None, max_examples=30, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(1, 5), st.integers(2, 9), st.integers(0, 1), st.sampled_from(["row", "full", "column", "scalar"]),
+       st.integers(1, 3))
+def test_gathers_of_elementwise_chains_preserve_semantics(rows, cols, dim, other, picks):
+    """Random chains of elementwise ops over the gathered tensor and a second operand that is a
+    row statistic (size 1 along the gathered dim: the rewrite applies), full-size (gathered too),
+    a column vector along the gathered dim (the rewrite must not pass it) or a scalar."""
+    x = torch.randn(rows, cols)
+    y = {"row": x.amax(dim, keepdim=True), "full": torch.randn(rows, cols),
+         "column": torch.randn(rows, cols).amax(1 - dim, keepdim=True), "scalar": torch.tensor(0.5)}[other]
+    shape = [rows, cols]
+    shape[dim] = picks
+    index = torch.randint(0, x.shape[dim], shape)
+
+    def f(x, y, index):
+        z = ((x - y).exp() * 2 + y).to(torch.float64).sigmoid()
+        return torch.gather(torch.where(z > 0.6, z, -z), dim, index)
+
+    torch._dynamo.reset()
+    compiled_record(f, x, y, index)

@@ -22,6 +22,7 @@ from pipeline.fused import FusedGroup, meta_of, reduction_axes
 from .canonicalize import FUSION_DECOMPOSITIONS
 from .choices import FusionChoices
 from .legality import Group, can_grow, classify, creates_cycle, merge_problem, shape_problem, sources_only
+from .gathers import sink_gathers
 from .views import move_views
 
 
@@ -31,6 +32,10 @@ class FuseOptions:
     reductions: bool = option(True, "Fuse reductions with their pointwise prologue and epilogue.")
     move_views: bool = option(True, "Move reshapes across elementwise nodes so the elementwise work "
                                     "joins the kernel on the other side (see passes/fuse/views.py).")
+    sink_gathers: bool = option(True, "Compute gather(f(x), dim, index) of an elementwise f as "
+                                      "f(gather(x, dim, index)) when f's other operands are constant along "
+                                      "dim, so the full f(x) is not written (cross-entropy's log-probabilities; "
+                                      "see passes/fuse/gathers.py).")
     max_notes: int = option(50, "Most rejected-fusion reasons recorded per graph in the report.",
                             check=positive)
 
@@ -40,7 +45,7 @@ class Fuse(Pass):
 
     name = "fuse"
     Options = FuseOptions
-    version = "3"
+    version = "4"
     requires = frozenset({"functional", "aten"})
     provides = frozenset({"fused"})
     Choices = FusionChoices
@@ -50,6 +55,11 @@ class Fuse(Pass):
             moved = move_views(graph)
             if moved:
                 context.note(f"moved {moved} elementwise node(s) across reshapes", topic="fusion")
+        if self.options.sink_gathers:
+            sunk = sink_gathers(graph)
+            if sunk:
+                context.note(f"{sunk} gather(s) of elementwise results now gather before computing",
+                             topic="fusion")
         with torch.no_grad():
             graph = compat.retrace(graph, context.example_inputs, decompositions=FUSION_DECOMPOSITIONS)
         graph.graph.eliminate_dead_code()  # unused outputs of rewritten reductions never become kernels
