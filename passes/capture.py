@@ -36,6 +36,10 @@ class CaptureOptions:
             "transformers.models.gpt2.modeling_gpt2.GPT2Block, or the bare class name): each block instance "
             "runs through one compiled function per class, so the block is compiled once and reused by every "
             "instance that passes the same guards; the rest of the model runs eagerly (docs/caching.md).")
+    ignore_logging: bool = option(
+        False, "dynamo only: logging.Logger calls (debug ... critical, and the warning_once/info_once that "
+               "transformers adds) in compiled code are skipped instead of breaking the graph: the model is "
+               "captured in fewer, larger graphs, and those log messages are not emitted while it runs compiled.")
     region_hooks: Literal["auto", "compiled", "eager"] = option(
         "auto", "With regions: compiled traces each block's forward hooks with it; eager runs them in "
                 "nn.Module.__call__ and compiles only the class's forward; auto is eager for FSDP2 "
@@ -87,6 +91,13 @@ class Capture(CapturePass):
                               f"{sharded}}} (docs/distributed.md).", stacklevel=4)
             target = _module_caller(fn) if isinstance(fn, torch.nn.Module) else fn
             optimized = compat.dynamo_compile(target, backend, fullgraph=opts.fullgraph, dynamic=opts.dynamic)
+        ignored_logging = frozenset()
+        if opts.ignore_logging:
+            if compat.logging_can_be_ignored():
+                ignored_logging = compat.logger_functions()
+            else:
+                warnings.warn("pipeline: capture.ignore_logging is set, but this torch's Dynamo cannot skip "
+                              "logging calls: they break the graph as usual.", stacklevel=4)
         unsupported = compat.unsupported_error_types()
         refused = compat.recompile_error_types()
         backend_failed = compat.backend_failure_types()
@@ -94,7 +105,8 @@ class Capture(CapturePass):
         def apply() -> None:
             # The plan's declared shape buckets (context.planned_variants) are variants on purpose.
             compat.apply_dynamo_settings(recompile_limit=opts.recompile_limit + context.planned_variants,
-                                         fail_on_limit=opts.on_recompile_limit == "error")
+                                         fail_on_limit=opts.on_recompile_limit == "error",
+                                         ignore_logging=ignored_logging)
 
         if opts.stance != "default":
             inner = optimized

@@ -151,21 +151,44 @@ def dynamo_compile(fn: Callable, backend: Callable, *, fullgraph: bool, dynamic:
 _applied_settings: tuple | None = None
 
 
-def apply_dynamo_settings(*, recompile_limit: int, fail_on_limit: bool) -> None:
-    """Make Dynamo's recompile limit and limit policy those of the plan being called.
+def apply_dynamo_settings(*, recompile_limit: int, fail_on_limit: bool,
+                          ignore_logging: frozenset = frozenset()) -> None:
+    """Make Dynamo's recompile limit and limit policy those of the plan being called, and the
+    logging functions (:func:`logger_functions`) that traced code skips instead of breaking the
+    graph at (``ignore_logging``).
 
     These are process-wide Dynamo settings, read when a frame misses its cache. Writing them
     costs microseconds, so they are written only when the last plan applied had other values
     (code that edits ``torch._dynamo.config`` directly is not watched)."""
     global _applied_settings
-    wanted = (recompile_limit, fail_on_limit)
+    ignored = ignore_logging
+    wanted = (recompile_limit, fail_on_limit, ignored)
     if _applied_settings == wanted:
         return
     config = torch._dynamo.config
     config.recompile_limit = recompile_limit
     if hasattr(config, "fail_on_recompile_limit_hit"):
         config.fail_on_recompile_limit_hit = fail_on_limit
+    if hasattr(config, "ignore_logging_functions"):
+        previous = _applied_settings[2] if _applied_settings is not None else frozenset()
+        config.ignore_logging_functions = (set(config.ignore_logging_functions) - previous) | ignored
     _applied_settings = wanted
+
+
+_LOGGER_METHODS = ("debug", "info", "warning", "warn", "error", "exception", "critical", "fatal", "log",
+                   "warning_once", "info_once")   # the last two: what transformers adds to logging.Logger
+
+
+def logger_functions() -> frozenset:
+    """The functions behind ``logging.Logger``'s logging methods, including ones a library patched
+    onto the class (transformers' ``warning_once``) before this is called."""
+    import logging
+    return frozenset(logging.Logger.__dict__[name] for name in _LOGGER_METHODS if name in logging.Logger.__dict__)
+
+
+def logging_can_be_ignored() -> bool:
+    """Whether this torch's Dynamo can skip logger calls instead of breaking the graph."""
+    return hasattr(torch._dynamo.config, "ignore_logging_functions")
 
 
 def stance(name: str):

@@ -256,3 +256,28 @@ def test_a_second_module_with_other_sizes_is_compiled_with_static_shapes():
             assert compare(model(x), compiled(x)) is None
             record = compilation_of(compiled).graphs[0]
             assert record.kernels == 1, record.notes
+
+
+def test_ignore_logging_captures_a_logging_model_as_one_graph_and_only_for_its_plan():
+    """capture.ignore_logging: a logger call in the model no longer splits it (transformers logs
+    with warning_once in forward); a plan without the option still breaks there."""
+    import logging
+
+    from pipeline import compilation_of
+
+    log = logging.getLogger("pipeline.tests.ignore_logging")
+
+    def f(x):
+        y = x.sin() * 2
+        log.warning("seen at trace time only when the call is not skipped")
+        return y.exp()
+
+    x = torch.randn(8)
+    skipping = compile_with_plan(f, "default", options={"capture": {"ignore_logging": True}})
+    torch.testing.assert_close(skipping(x), f(x))
+    summary = compilation_of(skipping).summary()
+    assert summary["graph_breaks"] == [] and summary["graph_count"] == 1
+    torch._dynamo.reset()
+    breaking = compile_with_plan(f, "default")
+    torch.testing.assert_close(breaking(x), f(x))
+    assert compilation_of(breaking).summary()["graph_breaks"], "without the option the logger call breaks"
