@@ -304,3 +304,34 @@ def test_a_graph_on_one_gpu_has_the_same_key_on_every_gpu_of_the_host_and_is_rel
     rebuilt = data_to_graph(relocate_cuda(data, 0, 1), constants)
     ones = next(n for n in rebuilt.graph.nodes if n.target is torch.ops.aten.ones.default)
     assert ones.kwargs["device"] == torch.device("cuda:1")
+
+
+class ViewsAndDonors(torch.nn.Module):
+    """A kernel whose input dies at its call (its output takes that buffer) and a reshape of a
+    kernel's output (a folded view: a reinterpret alias in the host code)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.linear(x))
+        return (y.t().contiguous() * 2).view(4, -1).sin().t()
+
+
+def test_a_cache_hit_runs_the_same_host_code_as_the_compile_that_stored_it(tmp_path):
+    """Donated buffers and reinterpret aliases are decided with example values the rebuilt graph
+    does not have: the decisions travel in the entry (donors) or are made at run time (the
+    alias's base offset), so a hit loses neither."""
+    def host_lines(compilation) -> list[str]:
+        code = only_graph(compilation).final_code
+        return [line.split("=", 1)[1].split("(")[0].strip() + ("(donors)" if "donors=" in line else "")
+                for line in code.splitlines() if "donors=" in line or "reinterpret_tensor" in line]
+
+    first, _, _ = compile_and_call(tmp_path, ViewsAndDonors().eval())
+    second, out, expected = compile_and_call(tmp_path, ViewsAndDonors().eval())
+    assert only_graph(second).cache["status"] == "hit"
+    kinds = host_lines(first)
+    assert any(k.endswith("(donors)") for k in kinds) and "reinterpret_tensor" in kinds, kinds
+    assert host_lines(second) == kinds
+    torch.testing.assert_close(out, expected)

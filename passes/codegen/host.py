@@ -267,11 +267,19 @@ def _alias_of_fresh_tensor(node: torch.fx.Node, emitter: _Emitter) -> str | None
     reinterpret = compat.reinterpret_tensor()
     if reinterpret is None or not isinstance(base, torch.fx.Node) or not _fresh(base):
         return None
-    layout = _static_layout(meta_of(base))
-    if layout is None or not isinstance(node.args[3], int):
-        return None
     size, stride, offset = node.args[1:]
-    return emitter.call(emitter.bind(reinterpret, "reinterpret_tensor"), (base, size, stride, offset - layout[2]), {})
+    if not isinstance(offset, int):
+        return None
+    function = emitter.bind(reinterpret, "reinterpret_tensor")
+    if base.meta.get("val") is None:
+        # A graph rebuilt from the compile cache has no example values: read the base's storage
+        # offset at run time (a fresh tensor carries no lazy conjugate or negation bit).
+        return (f"{function}({emitter.arg(base)}, {emitter.arg(size)}, {emitter.arg(stride)}, "
+                f"{offset} - {emitter.arg(base)}.storage_offset())")
+    layout = _static_layout(meta_of(base))
+    if layout is None:
+        return None
+    return emitter.call(function, (base, size, stride, offset - layout[2]), {})
 
 
 def _owns_storage(node: torch.fx.Node) -> bool:
@@ -327,6 +335,21 @@ def _donors(node: torch.fx.Node, last_use: dict, order: dict, roots: dict, alias
     return tuple(donors) if any(d >= 0 for d in donors) else None
 
 
+def _kernel_kwargs(node: torch.fx.Node, last_use: dict, order: dict, roots: dict, alias_end: dict) -> dict:
+    """The keyword arguments of a generated kernel's call, ``donors`` included (:func:`_donors`).
+    The decision is written into the node's kwargs, so that a graph stored in the compile cache
+    keeps it: rebuilt from the cache, a graph has no example values to decide again with, and
+    is the very graph the decision was made on."""
+    if node.meta.get("val") is None:
+        return dict(node.kwargs)
+    kwargs = {k: v for k, v in node.kwargs.items() if k != "donors"}
+    donors = _donors(node, last_use, order, roots, alias_end)
+    if donors is not None:
+        kwargs["donors"] = donors
+    node.kwargs = kwargs
+    return kwargs
+
+
 def host_source(graph: torch.fx.Graph) -> tuple[str, dict[str, Any]]:
     """The generated ``forward`` of ``graph`` and the globals it runs with. Values are dropped
     after their last use, as FX's own code does."""
@@ -363,8 +386,9 @@ def host_source(graph: torch.fx.Graph) -> tuple[str, dict[str, Any]]:
             expr = f"{emitter.arg(node.args[0])}[{emitter.arg(node.args[1])}]"
         elif (alias := _alias_of_fresh_tensor(node, emitter)) is not None:
             expr = alias
-        elif (donors := _donors(node, last_use, order, roots, alias_end)) is not None:
-            expr = emitter.call(emitter.callee(node.target), node.args, {**node.kwargs, "donors": donors})
+        elif isinstance(node.target, CompiledKernel):
+            expr = emitter.call(emitter.callee(node.target), node.args,
+                                _kernel_kwargs(node, last_use, order, roots, alias_end))
         else:
             expr = emitter.call(emitter.callee(node.target), node.args, node.kwargs)
         line = f"    {node.name} = {expr}" if node.users else f"    {expr}"
