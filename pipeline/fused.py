@@ -28,6 +28,7 @@ POINTWISE = {
     "aten.floor", "aten.ceil", "aten.trunc", "aten.sign", "aten.maximum", "aten.minimum",
     "aten.clamp", "aten.clamp_min", "aten.clamp_max", "aten.where", "aten.gt", "aten.ge", "aten.lt",
     "aten.le", "aten.eq", "aten.ne", "aten.logical_not", "aten.logical_and", "aten.logical_or",
+    "aten.bitwise_and", "aten.bitwise_or", "aten.bitwise_xor", "aten.bitwise_not",
     "aten.pow", "aten.gelu", "aten.isnan", "aten._to_copy", "aten.clone", "aten.silu",
     "aten.hardtanh", "aten.leaky_relu", "aten.atan", "aten.asin", "aten.acos", "aten.sinh", "aten.cosh",
     "prims.div", "prims.convert_element_type", "aten.alias",

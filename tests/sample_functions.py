@@ -22,6 +22,18 @@ def rms_norm(x, w):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
 
 
+def masks(a, b, n):
+    """Bool and integer bitwise ops (a causal-mask-like bool expression, int bit twiddling)."""
+    keep = (a[:, None] <= b[None, :]) & (a[:, None] != 3) | ~(b[None, :] == 0) ^ (a[:, None] > b[None, :])
+    bits = (n & 6) ^ (~n | 1)
+    return torch.where(keep, bits, n)
+
+
+def mask_inputs():
+    return (torch.randint(0, 6, (16,)), torch.randint(0, 6, (24,)),
+            torch.randint(-50, 50, (16, 24), dtype=torch.int32))
+
+
 def branchy(x):
     """Two graphs and one graph break: ``.item()`` decides the branch."""
     y = torch.sin(x) * 2

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from pipeline import compilation_of, compile_with_plan
 from pipeline.numerics import compare
 from pipeline.testing import SemanticsError, assert_preserves_semantics
-from sample_functions import layer_norm, log_softmax, rms_norm, softmax
+from sample_functions import layer_norm, log_softmax, mask_inputs, masks, rms_norm, softmax
 
 
 @pytest.fixture(autouse=True)
@@ -296,3 +296,24 @@ def test_gathers_of_elementwise_chains_preserve_semantics(rows, cols, dim, other
 
     torch._dynamo.reset()
     compiled_record(f, x, y, index)
+
+
+def test_bool_and_integer_bitwise_ops_fuse_into_one_kernel():
+    """&, |, ^ and ~ on bool masks (GPT-2's causal mask in the backward) and on integers are
+    generated code, one kernel with the comparisons and the select."""
+    record = compiled_record(masks, *mask_inputs())
+    assert record.kernels == 1
+    assert not any("bitwise" in op for op in record.contents["extern_calls"])
+
+
+@pytest.mark.parametrize("negate", [torch.bitwise_not, torch.logical_not])
+def test_a_sibling_that_would_broadcast_a_reductions_consumer_stays_out_of_its_group(negate):
+    """where(~mask, fill, x.sum(0)) with a mask of shape (1, N, 1): merged into the reduction's
+    group, the not would make the where a broadcast full-domain value no kernel can store (the
+    group then ran eagerly, as in GPT-2's position-embedding gradient); kept apart, both compile."""
+    def f(x, mask, fill):
+        return torch.where(negate(mask), fill, x.sum(0, keepdim=True))
+
+    record = compiled_record(f, torch.randn(2, 16, 8), torch.rand(1, 16, 1) > 0.5, torch.tensor(0.0))
+    assert record.contents["eager_groups"] == []
+    assert record.kernels >= 1

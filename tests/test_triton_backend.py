@@ -28,7 +28,7 @@ from pipeline.fused import FusedGroup  # noqa: E402
 from pipeline.numerics import compare  # noqa: E402
 from pipeline.testing import assert_preserves_semantics, graphs  # noqa: E402
 from conftest import triton_interpreter_ready  # noqa: E402
-from sample_functions import layer_norm, log_softmax, rms_norm, softmax  # noqa: E402
+from sample_functions import layer_norm, log_softmax, mask_inputs, masks, rms_norm, softmax  # noqa: E402
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install -e '.[gpu]')")
@@ -108,6 +108,7 @@ CASES = {
     "pointwise_chain_broadcast_permuted": (chain, lambda: (torch.randn(64, 48).t(), torch.randn(64))),
     "argmax": (argmax, lambda: (with_nans(8, 50),)),
     "amax_with_nan": (amax, lambda: (with_nans(8, 50),)),
+    "bool_and_int_bitwise": (masks, mask_inputs),
 }
 
 

@@ -74,6 +74,9 @@ def nan_guard(a: str, expr: str, ctype: str) -> str:
     return expr
 
 
+BITWISE = {"aten.bitwise_and": "&", "aten.bitwise_or": "|", "aten.bitwise_xor": "^"}
+
+
 def pointwise_expr(node: torch.fx.Node, operand: Callable[[Any, str], str]) -> str:
     """C expression computing ``node`` in its compute type; ``operand(arg, ctype)`` renders an
     argument (graph value or literal) converted to ``ctype``."""
@@ -149,6 +152,12 @@ def pointwise_expr(node: torch.fx.Node, operand: Callable[[Any, str], str]) -> s
         cmp_ct = compute_type(promoted_dtype(args[:2]))
         op = COMPARISONS[name]
         return f"({operand(args[0], cmp_ct)} {op} {operand(args[1], cmp_ct)})"
+    if name in BITWISE:
+        if ct == "bool":     # on bool tensors the bitwise ops are the logical ones
+            return f"((bool)({operand(args[0], 'bool')} {BITWISE[name]} {operand(args[1], 'bool')}))"
+        return f"(({ct})({a(0)} {BITWISE[name]} {a(1)}))"
+    if name == "aten.bitwise_not":
+        return f"(!{operand(args[0], 'bool')})" if ct == "bool" else f"(({ct})(~{a(0)}))"
     if name == "aten.logical_not":
         return f"(!{operand(args[0], 'bool')})"
     if name in ("aten.logical_and", "aten.logical_or"):

@@ -243,6 +243,9 @@ def helper_source(names: set[str]) -> str:
     return "".join(HELPERS[n][0] for n in ordered)
 
 
+BITWISE = {"aten.bitwise_and": "&", "aten.bitwise_or": "|", "aten.bitwise_xor": "^"}
+
+
 def pointwise_expr(node, operand: Callable[[Any, str], str], uses: set[str]) -> str:
     """Triton expression computing ``node`` in its compute type; ``operand(arg, ct)`` renders an
     argument (graph value or literal) converted to ``ct``; helpers used are added to ``uses``."""
@@ -354,6 +357,12 @@ def pointwise_expr(node, operand: Callable[[Any, str], str], uses: set[str]) -> 
         cmp_ct = compute_type(promoted_dtype(args[:2]))
         op = COMPARISONS[name]
         return f"({operand(args[0], cmp_ct)} {op} {operand(args[1], cmp_ct)})"
+    if name in BITWISE:
+        if ct == "tl.int1":     # on bool tensors the bitwise ops are the logical ones
+            return f"({operand(args[0], 'tl.int1')} {BITWISE[name]} {operand(args[1], 'tl.int1')})"
+        return f"({a(0)} {BITWISE[name]} {a(1)})"
+    if name == "aten.bitwise_not":
+        return f"({operand(args[0], 'tl.int1')} == 0)" if ct == "tl.int1" else f"(~{a(0)})"
     if name == "aten.logical_not":
         return f"({operand(args[0], 'tl.int1')} == 0)"
     if name in ("aten.logical_and", "aten.logical_or"):

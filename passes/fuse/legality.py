@@ -170,6 +170,11 @@ def merge_problem(target: Group, other: Group, node: torch.fx.Node, depends_on: 
     levels, why = group_levels(merged, tuple(target.domain), reduced)
     if levels is None:
         return why
+    if reduced and levels[node] == "full" and tuple(meta_of(node).shape) != tuple(target.domain):
+        # Without the sibling, the node reading the reduction is computed once per output element;
+        # with it, it would become a broadcast full-domain value, which a kernel cannot store.
+        return (f"{node.name} would become a broadcast value of shape {tuple(meta_of(node).shape)} recomputed "
+                f"over the domain {tuple(target.domain)}, which cannot be a kernel output")
     for a, b in ((other, target), (target, other)):
         for member in a.nodes:
             for arg in member.all_input_nodes:
