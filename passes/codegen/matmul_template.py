@@ -121,7 +121,9 @@ def find_site(node: torch.fx.Node) -> tuple[Site | None, str]:
     if isinstance(epilogue.target, CompiledKernel) and epilogue.target.backend != "triton":
         return None, f"its epilogue is a {epilogue.target.backend} kernel (the template is Triton)"
     product = view if view is not None else node
-    if sum(a is product for a in epilogue.args) != 1 or epilogue.kwargs:
+    # ``donors`` is the host code's note of which dying input an output may take (host.py); the
+    # combined kernel gets its own.
+    if sum(a is product for a in epilogue.args) != 1 or set(epilogue.kwargs) - {"donors"}:
         return None, "its epilogue takes it more than once"
     combined, inputs = combine(node, view, epilogue, group)
     try:
@@ -254,6 +256,7 @@ def install(graph: torch.fx.GraphModule, site: Site, chosen: TritonSource, direc
                                   [meta_of(v) for v in site.inputs], [meta_of(n) for n in outputs])
     site.epilogue.target = kernel
     site.epilogue.args = tuple(site.inputs)
+    site.epilogue.kwargs = {}      # a donors note was about the epilogue kernel's own inputs
     site.epilogue.meta["fused_group"] = site.group
     if site.view is not None:
         graph.graph.erase_node(site.view)

@@ -178,6 +178,8 @@ RULES: dict[str, Rule] = {
     "aten.le": _binary("np.less_equal"), "aten.eq": _binary("np.equal"), "aten.ne": _binary("np.not_equal"),
     "aten.logical_not": _unary("np.logical_not"), "aten.logical_and": _binary("np.logical_and"),
     "aten.logical_or": _binary("np.logical_or"), "aten.pow": _binary("np.power"),
+    "aten.bitwise_and": _binary("np.bitwise_and"), "aten.bitwise_or": _binary("np.bitwise_or"),
+    "aten.bitwise_xor": _binary("np.bitwise_xor"), "aten.bitwise_not": _unary("np.invert"),
     "aten._to_copy": _cast, "prims.convert_element_type": _cast,
     "aten.clone": lambda a, k: a[0], "aten.alias": lambda a, k: a[0],
     "aten.sum": _sum, "prims.sum": _prims_sum, "aten.amax": _extremum("np.max"),
