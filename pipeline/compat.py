@@ -161,8 +161,7 @@ def apply_dynamo_settings(*, recompile_limit: int, fail_on_limit: bool,
     costs microseconds, so they are written only when the last plan applied had other values
     (code that edits ``torch._dynamo.config`` directly is not watched)."""
     global _applied_settings
-    ignored = ignore_logging
-    wanted = (recompile_limit, fail_on_limit, ignored)
+    wanted = (recompile_limit, fail_on_limit, ignore_logging)
     if _applied_settings == wanted:
         return
     config = torch._dynamo.config
@@ -170,8 +169,8 @@ def apply_dynamo_settings(*, recompile_limit: int, fail_on_limit: bool,
     if hasattr(config, "fail_on_recompile_limit_hit"):
         config.fail_on_recompile_limit_hit = fail_on_limit
     if hasattr(config, "ignore_logging_functions"):
-        previous = _applied_settings[2] if _applied_settings is not None else frozenset()
-        config.ignore_logging_functions = (set(config.ignore_logging_functions) - previous) | ignored
+        previous = _applied_settings[2] if _applied_settings is not None else frozenset()   # ours, last call
+        config.ignore_logging_functions = (set(config.ignore_logging_functions) - previous) | ignore_logging
     _applied_settings = wanted
 
 
@@ -187,8 +186,7 @@ def logger_functions() -> frozenset:
 
 
 def logging_can_be_ignored() -> bool:
-    """Whether this torch's Dynamo can skip logger calls instead of breaking the graph."""
-    return hasattr(torch._dynamo.config, "ignore_logging_functions")
+    return hasattr(torch._dynamo.config, "ignore_logging_functions")   # Dynamo can skip logger calls
 
 
 def stance(name: str):
