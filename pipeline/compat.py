@@ -179,14 +179,14 @@ _LOGGER_METHODS = ("debug", "info", "warning", "warn", "error", "exception", "cr
 
 
 def logger_functions() -> frozenset:
-    """The functions behind ``logging.Logger``'s logging methods, including ones a library patched
-    onto the class (transformers' ``warning_once``) before this is called."""
+    """The functions behind ``logging.Logger``'s methods, transformers' ``warning_once`` included."""
     import logging
     return frozenset(logging.Logger.__dict__[name] for name in _LOGGER_METHODS if name in logging.Logger.__dict__)
 
 
 def logging_can_be_ignored() -> bool:
-    return hasattr(torch._dynamo.config, "ignore_logging_functions")   # Dynamo can skip logger calls
+    """Whether this torch's Dynamo can skip logger calls instead of breaking the graph."""
+    return hasattr(torch._dynamo.config, "ignore_logging_functions")
 
 
 def stance(name: str):
