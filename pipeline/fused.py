@@ -33,6 +33,8 @@ POINTWISE = {
     "aten.hardtanh", "aten.leaky_relu", "aten.atan", "aten.asin", "aten.acos", "aten.sinh", "aten.cosh",
     "prims.div", "prims.convert_element_type", "aten.alias",
 }
+# The binary bitwise operators and their C/Triton symbol (on bool tensors: the logical ones).
+BITWISE = {"aten.bitwise_and": "&", "aten.bitwise_or": "|", "aten.bitwise_xor": "^"}
 REDUCTIONS = {"aten.sum", "prims.sum", "aten.amax", "aten.amin", "aten.argmax", "aten.argmin", "aten.prod"}
 # Shape-only ops allowed inside a group when they just add or drop size-1 axes of an outer value.
 UNIT_RESHAPES = {"aten.view", "aten._unsafe_view", "aten.unsqueeze", "aten.squeeze", "aten.reshape",

@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 import torch
 
-from pipeline.fused import COMPARISONS, UNIT_RESHAPES, clamp_bounds, meta_of, packet_name, promoted_dtype, value_dtype
+from pipeline.fused import BITWISE, COMPARISONS, UNIT_RESHAPES, clamp_bounds, meta_of, packet_name, promoted_dtype, value_dtype
 
 C_STORAGE = {torch.float32: "float", torch.float64: "double", torch.float16: "_Float16",
              torch.bfloat16: "uint16_t", torch.int8: "int8_t", torch.uint8: "uint8_t",
@@ -72,9 +72,6 @@ def nan_guard(a: str, expr: str, ctype: str) -> str:
     if ctype in ("float", "double"):
         return select(f"({a}) != ({a})", a, expr, ctype)
     return expr
-
-
-BITWISE = {"aten.bitwise_and": "&", "aten.bitwise_or": "|", "aten.bitwise_xor": "^"}
 
 
 def pointwise_expr(node: torch.fx.Node, operand: Callable[[Any, str], str]) -> str:

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import torch
 import torch.fx
 
-from pipeline.fused import COMPARISONS, UNIT_RESHAPES, clamp_bounds, meta_of, packet_name, promoted_dtype, value_dtype
+from pipeline.fused import BITWISE, COMPARISONS, UNIT_RESHAPES, clamp_bounds, meta_of, packet_name, promoted_dtype, value_dtype
 
 TL_STORAGE = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
               torch.bfloat16: "tl.bfloat16", torch.int8: "tl.int8", torch.uint8: "tl.uint8",
@@ -241,9 +241,6 @@ def helper_source(names: set[str]) -> str:
     for name in sorted(names):
         visit(name)
     return "".join(HELPERS[n][0] for n in ordered)
-
-
-BITWISE = {"aten.bitwise_and": "&", "aten.bitwise_or": "|", "aten.bitwise_xor": "^"}
 
 
 def pointwise_expr(node, operand: Callable[[Any, str], str], uses: set[str]) -> str:
