@@ -2,9 +2,11 @@
 top kernels, or the host side.
 
     python benchmarks/profile_gpu.py gpt2 [--plan default] [--host] [--out DIR]
-    python benchmarks/profile_gpu.py --train [--strategy save-all] [--out DIR]
+    python benchmarks/profile_gpu.py --train [--strategy save-all] [--plan training] [--kernels] [--out DIR]
 
-``--host`` profiles the host side instead (cProfile over 20 calls, by own time): where the
+``--kernels`` lists each generated kernel of ours instead: CUDA ms, bytes read and written,
+percent of copy bandwidth and ms above the bytes-moved floor, worst first (sources of the worst
+under ``--out``/kernels). ``--host`` profiles the host side instead (cProfile over 20 calls, by own time): where the
 per-call CPU time of the generated wrapper goes. ``--train`` profiles one GPT-2 6-layer train
 step (forward, backward, AdamW) of eager, Inductor and the ``training`` plan. Per variant the
 summary gives the wall time of a step, the host time to issue it (no synchronization inside), the
@@ -81,14 +83,78 @@ def profile_summary(label: str, step, *, steps: int = 3, rows: int = 12) -> str:
     return "\n".join(lines)
 
 
-def train_variants(strategies: list[str], skip: set):
+COPY_BANDWIDTH = 4.26e12   # bytes read + written per second, measured on the H200 (ENVIRONMENT.md)
+
+
+def _distinct_bytes(t: torch.Tensor) -> int:
+    """Bytes of the distinct elements a tensor names (a broadcast dimension, stride 0, counts once)."""
+    count = 1
+    for size, stride in zip(t.shape, t.stride()):
+        if stride != 0:
+            count *= size
+    return count * t.element_size()
+
+
+def kernel_table(label: str, step, out: str | None, *, rows: int = 40) -> str:
+    """Every generated Triton kernel of one step: CUDA ms per step, bytes it reads and writes,
+    achieved bandwidth, and the ms above its bytes-moved floor at copy bandwidth, worst first.
+    The sources of the worst kernels go to ``out/kernels/``."""
+    from passes.codegen.triton_runtime import TritonKernel
+    moved: dict = defaultdict(int)
+    sources: dict = {}
+    original = TritonKernel.__call__
+
+    def recording(self, *inputs, donors=()):
+        outs = original(self, *inputs, donors=donors)
+        tensors = [t for t in (*inputs, *outs) if isinstance(t, torch.Tensor)]
+        moved[self.generated.name] += sum(_distinct_bytes(t) for t in tensors)
+        sources[self.generated.name] = self.generated.source
+        return outs
+
+    for _ in range(3):
+        step()
+    TritonKernel.__call__ = recording
+    try:
+        step()
+    finally:
+        TritonKernel.__call__ = original
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    times = {e.key: e.self_device_time_total / 1e3 for e in prof.key_averages()
+             if e.device_type == torch.autograd.DeviceType.CUDA}
+    table = []
+    for name, nbytes in moved.items():
+        ms = times.get(name)
+        if ms is None:
+            continue
+        floor = nbytes / COPY_BANDWIDTH * 1e3
+        table.append((ms - floor, ms, nbytes, name))
+    table.sort(reverse=True)
+    total = sum(t[1] for t in table)
+    lines = [f"== {label}: {len(table)} generated kernels, {total:.3f} ms/step, "
+             f"{sum(t[0] for t in table):.3f} ms above their bytes-moved floors"]
+    lines.append(f"   {'above floor':>11s} {'ms':>7s} {'MB':>8s} {'% copy bw':>9s}  kernel")
+    for excess, ms, nbytes, name in table[:rows]:
+        lines.append(f"   {excess:11.3f} {ms:7.3f} {nbytes / 1e6:8.1f} "
+                     f"{100 * nbytes / COPY_BANDWIDTH * 1e3 / ms:8.1f}%  {name}")
+    if out:
+        folder = Path(out) / "kernels"
+        folder.mkdir(parents=True, exist_ok=True)
+        for _, _, _, name in table[:rows]:
+            (folder / f"{name}.py").write_text(sources[name])
+    return "\n".join(lines)
+
+
+def train_variants(strategies: list[str], skip: set, plan: str = "training"):
     from train_suite import gpt2_train, train_step
     torch.manual_seed(0)
     initial = gpt2_train().cuda()
     ids = torch.randint(0, 50257, (8, 512), device="cuda")
     variants = [("eager", lambda m: m), ("inductor", torch.compile)]
     variants += [(f"ours:training:{s}",
-                  lambda m, s=s: compile_with_plan(m, "training", options={"partition": {"strategy": s}}))
+                  lambda m, s=s: compile_with_plan(m, plan, options={"partition": {"strategy": s}}))
                  for s in strategies]
     for label, make in variants:
         if label.split(":")[0] in skip:
@@ -137,19 +203,29 @@ def main() -> int:
     parser.add_argument("--skip", default="", help="variants left out: eager, inductor (--train)")
     parser.add_argument("--rows", type=int, default=12)
     parser.add_argument("--host", action="store_true")
+    parser.add_argument("--kernels", action="store_true",
+                        help="per generated kernel: time, bytes moved, bandwidth, ms above the floor")
     parser.add_argument("--out", default=None, help="also write the summary to DIR/profile-<name>.txt")
     args = parser.parse_args()
     skip = set(args.skip.split(","))
-    variants = train_variants(args.strategy.split(","), skip) if args.train else inference_variants(args.workload, args.plan)
+    plan = args.plan if args.plan != "default" else "training"
+    variants = train_variants(args.strategy.split(","), skip, plan) if args.train else inference_variants(args.workload, args.plan)
     texts = []
     for label, call in variants:
-        text = host_profile(label, call, args.rows) if args.host else profile_summary(label, call, rows=args.rows)
+        if args.kernels:
+            if "ours" not in label:
+                continue
+            text = kernel_table(label, call, args.out, rows=args.rows)
+        elif args.host:
+            text = host_profile(label, call, args.rows)
+        else:
+            text = profile_summary(label, call, rows=args.rows)
         print(text, flush=True)
         texts.append(text)
     if args.out:
         stem = "train" if args.train else args.workload.replace(" ", "_")
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / f"profile-{stem}{'-host' if args.host else ''}.txt").write_text("\n".join(texts) + "\n")
+        (Path(args.out) / f"profile-{stem}{'-host' if args.host else ''}{'-kernels' if args.kernels else ''}.txt").write_text("\n".join(texts) + "\n")
     return 0
 
 

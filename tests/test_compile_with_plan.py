@@ -281,3 +281,28 @@ def test_ignore_logging_captures_a_logging_model_as_one_graph_and_only_for_its_p
     breaking = compile_with_plan(f, "default")
     torch.testing.assert_close(breaking(x), f(x))
     assert compilation_of(breaking).summary()["graph_breaks"], "without the option the logger call breaks"
+
+
+def test_ignore_logging_logs_no_errors_and_drops_only_torchs_unsortable_config_record(caplog):
+    """torch 2.11's Dynamo sorts its config's sets to log compilation metrics and fails on the
+    skipped logging functions: that one harmless error record is dropped, any other one passes."""
+    import logging
+
+    from pipeline.compat_dynamo import _unsortable_config_error
+
+    def f(x):
+        logging.getLogger("pipeline.tests.quiet").info("skipped")
+        return x.cos() + 1
+
+    with caplog.at_level(logging.ERROR):
+        compile_with_plan(f, "default", options={"capture": {"ignore_logging": True}})(torch.randn(4))
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+    def record(exc: BaseException, message: str) -> logging.LogRecord:
+        return logging.LogRecord("torch._dynamo.metrics_context", logging.ERROR, __file__, 1, message, None,
+                                 (type(exc), exc, None))
+
+    unsortable = TypeError("'<' not supported between instances of 'function' and 'function'")
+    assert not _unsortable_config_error(record(unsortable, "Unexpected exception logging compilation metrics"))
+    assert _unsortable_config_error(record(TypeError("other"), "Unexpected exception logging compilation metrics"))
+    assert _unsortable_config_error(record(unsortable, "some other failure"))

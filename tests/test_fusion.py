@@ -251,6 +251,26 @@ def test_view_motion_preserves_semantics_on_any_layout(layout, direction, a, b, 
     compiled_record(hoist if direction == "hoist" else sink, x, w)
 
 
+def gelu_backward_into_linear_backward(x, g, w):
+    """The shape of an MLP's backward: an elementwise chain over ``[b, s, h]`` reshaped to
+    ``[b*s, h]``, read by a matmul (extern) and by a column sum (the bias gradient)."""
+    t = torch.tanh(x * 0.79788456 * (1 + 0.044715 * x * x))
+    grad = (g * 0.5 * (1 + t) + g * x * 0.5 * (1 - t * t) * 0.79788456).view(-1, x.shape[-1])
+    return grad @ w, grad.sum(0)
+
+
+def test_a_reshaped_chain_that_a_matmul_reads_stays_whole_in_its_kernel():
+    """The chain is not hoisted (in part) into the column sum: the matmul needs its result in
+    memory anyway, so its own kernel writes that one tensor, and the sum reads it back. Hoisting
+    part of it made the chain's kernel write each value the hoisted part still read."""
+    args = (torch.randn(2, 8, 16), torch.randn(2, 8, 16), torch.randn(16, 4))
+    record = compiled_record(gelu_backward_into_linear_backward, *args)
+    (chain,) = [k for k in record.contents["kernels"] if "aten.tanh" in k["ops"]]
+    (column_sum,) = [k for k in record.contents["kernels"] if "aten.sum" in k["ops"]]
+    assert len(re.findall(r"out\d+\[[^\]]+\] =", chain["source"])) == 1
+    assert "aten.add" not in column_sum["ops"] and "aten.mul" not in column_sum["ops"]
+
+
 def test_a_clone_to_a_rank_specific_layout_is_not_moved_across_a_reshape():
     def f(x):
         y = x.contiguous(memory_format=torch.channels_last)

@@ -89,13 +89,27 @@ def _feeds_kernel(node: torch.fx.Node) -> bool:
     return any(classify(user)[0] in ("pointwise", "reduction") for user in node.users)
 
 
-def _hoistable_operand(arg: torch.fx.Node, user: torch.fx.Node) -> bool:
-    """An operand that can take a view: produced outside kernels, or by an elementwise node used
-    only here (which the next round hoists the view over in turn)."""
+def _only_kernels_use(node: torch.fx.Node) -> bool:
+    return all(classify(user)[0] in ("pointwise", "reduction") for user in node.users)
+
+
+def _hoistable_operand(arg: torch.fx.Node, user: torch.fx.Node, shape: list, seen: dict) -> bool:
+    """An operand that can take a view of ``shape``: produced outside kernels, or by an elementwise
+    node used only here whose own operands are hoistable in turn (the next rounds hoist the view
+    over it). The whole chain must qualify: a view hoisted only part of the way up a kernel's
+    chain splits that kernel, which then writes every value the hoisted part still reads."""
+    if arg in seen:
+        return seen[arg]
     if arg.op == "placeholder" or not _in_kernel(arg):
+        seen[arg] = True
         return True
-    return (_elementwise(arg) and len(arg.users) == 1 and next(iter(arg.users)) is user
-            and packet_name(arg.target) != "aten.clone")
+    seen[arg] = False
+    if not (_elementwise(arg) and len(arg.users) == 1 and next(iter(arg.users)) is user
+            and packet_name(arg.target) != "aten.clone"):
+        return False
+    tensors = [a for a in arg.all_input_nodes if meta_of(a).dim()]
+    seen[arg] = all(_viewable(meta_of(a), shape) and _hoistable_operand(a, arg, shape, seen) for a in tensors)
+    return seen[arg]
 
 
 def _hoist(graph: torch.fx.Graph, view: torch.fx.Node) -> int:
@@ -105,11 +119,12 @@ def _hoist(graph: torch.fx.Graph, view: torch.fx.Node) -> int:
     source = view.args[0]
     if not isinstance(source, torch.fx.Node) or not _elementwise(source) or len(source.users) != 1:
         return 0
-    if not _feeds_kernel(view):
-        return 0
+    if not _feeds_kernel(view) or not _only_kernels_use(view):
+        return 0        # a view an extern call reads is written anyway: its source kernel writes it
     shape = list(meta_of(view).shape)
     tensors = [a for a in source.all_input_nodes if meta_of(a).dim()]
-    if not tensors or not all(_hoistable_operand(a, source) for a in tensors):
+    seen: dict = {}
+    if not tensors or not all(_hoistable_operand(a, source, shape, seen) for a in tensors):
         return 0
     if not all(_viewable(meta_of(a), shape) for a in tensors):
         return 0
@@ -128,8 +143,8 @@ def _hoist(graph: torch.fx.Graph, view: torch.fx.Node) -> int:
 
 def _sink(graph: torch.fx.Graph, node: torch.fx.Node) -> int:
     """``f(view(y), ...)`` -> ``view(f(y, ...))``; 1 if rewritten."""
-    if not _elementwise(node) or any(classify(u)[0] in ("pointwise", "reduction") for u in node.users):
-        return 0
+    if not _elementwise(node) or _only_kernels_use(node):
+        return 0        # f joins its users' kernel instead
     tensors = [a for a in node.all_input_nodes if meta_of(a).dim()]
     if not tensors or not all(a.op == "call_function" and a.target in VIEWS for a in tensors):
         return 0

@@ -1,0 +1,186 @@
+"""The Dynamo part of the compatibility module (:mod:`pipeline.compat` re-exports every public
+name here): compiling with our backend, the process-wide settings a plan makes (recompile limit,
+limit policy, logging calls to skip), stances, recompile-limit hits and Dynamo's exception types."""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import torch
+
+
+def dynamo_compile(fn: Callable, backend: Callable, *, fullgraph: bool, dynamic: bool | None) -> Callable:
+    """Dynamo-optimize ``fn`` with our own backend (no Inductor involved)."""
+    return torch.compile(fn, backend=backend, fullgraph=fullgraph, dynamic=dynamic)
+
+
+_applied_settings: tuple | None = None
+
+
+def apply_dynamo_settings(*, recompile_limit: int, fail_on_limit: bool,
+                          ignore_logging: frozenset = frozenset()) -> None:
+    """Make Dynamo's recompile limit and limit policy those of the plan being called, and the
+    logging functions (:func:`logger_functions`) that traced code skips instead of breaking the
+    graph at (``ignore_logging``).
+
+    These are process-wide Dynamo settings, read when a frame misses its cache. Writing them
+    costs microseconds, so they are written only when the last plan applied had other values
+    (code that edits ``torch._dynamo.config`` directly is not watched)."""
+    global _applied_settings
+    wanted = (recompile_limit, fail_on_limit, ignore_logging)
+    if _applied_settings == wanted:
+        return
+    config = torch._dynamo.config
+    config.recompile_limit = recompile_limit
+    if hasattr(config, "fail_on_recompile_limit_hit"):
+        config.fail_on_recompile_limit_hit = fail_on_limit
+    if hasattr(config, "ignore_logging_functions"):
+        previous = _applied_settings[2] if _applied_settings is not None else frozenset()   # ours, last call
+        config.ignore_logging_functions = (set(config.ignore_logging_functions) - previous) | ignore_logging
+        if ignore_logging:
+            _quiet_metrics_config_error()
+    _applied_settings = wanted
+
+
+_METRICS_LOGGER = "torch._dynamo.metrics_context"
+_metrics_filter_installed = False
+
+
+def _unsortable_config_error(record: logging.LogRecord) -> bool:
+    """A filter dropping one known-harmless error record: Dynamo (torch 2.11) sorting every set in
+    its config to log compilation metrics, which fails on the functions in
+    ``ignore_logging_functions`` (torch 2.13 leaves that key out). Nothing else is affected."""
+    exc = record.exc_info[1] if record.exc_info else None
+    return not (isinstance(exc, TypeError) and "'function'" in str(exc)
+                and "compilation metrics" in record.getMessage())
+
+
+def _quiet_metrics_config_error() -> None:
+    global _metrics_filter_installed
+    if _metrics_filter_installed:
+        return
+    logging.getLogger(_METRICS_LOGGER).addFilter(_unsortable_config_error)
+    _metrics_filter_installed = True
+
+
+_LOGGER_METHODS = ("debug", "info", "warning", "warn", "error", "exception", "critical", "fatal", "log",
+                   "warning_once", "info_once")   # the last two: what transformers adds to logging.Logger
+
+
+def logger_functions() -> frozenset:
+    """The functions behind ``logging.Logger``'s methods, transformers' ``warning_once`` included."""
+    return frozenset(logging.Logger.__dict__[name] for name in _LOGGER_METHODS if name in logging.Logger.__dict__)
+
+
+def logging_can_be_ignored() -> bool:
+    """Whether this torch's Dynamo can skip logger calls instead of breaking the graph."""
+    return hasattr(torch._dynamo.config, "ignore_logging_functions")
+
+
+def stance(name: str):
+    """Context manager applying a torch.compiler stance."""
+    return torch.compiler.set_stance(name)
+
+
+class ReusableStance:
+    """A context manager applying one stance, cheap to enter on every call of a compiled model
+    (``torch.compiler.set_stance`` builds its state anew each time). Not re-entrant: one per
+    caller, entered by one thread at a time."""
+
+    def __init__(self, name: str):
+        from torch._dynamo import eval_frame
+        self._set = eval_frame._set_stance
+        self._stance = eval_frame.DynamoStance(name)
+        self._prior: Any = None
+
+    def __enter__(self) -> None:
+        self._prior = self._set(self._stance)
+
+    def __exit__(self, *exc: Any) -> None:
+        self._set(self._prior)
+
+
+STANCES = ("default", "force_eager", "eager_on_recompile", "fail_on_recompile", "eager_then_compile",
+           "aot_eager_then_compile")
+
+
+def current_stance() -> str:
+    """The torch.compiler stance in force now (``"default"`` unless someone set another)."""
+    from torch._dynamo import eval_frame
+    return str(getattr(getattr(eval_frame, "_stance", None), "stance", "default"))
+
+
+_limit_hits: list[str] = []
+_limit_filter_installed = False
+
+
+def _record_limit_hit(record: Any) -> bool:
+    """A logging filter on Dynamo's convert_frame logger: remember each "hit config.recompile_limit"
+    warning (Dynamo says nothing else when it gives up compiling a function), let it through."""
+    message = record.msg if isinstance(record.msg, str) else ""
+    if "hit config." in message:
+        text = record.getMessage().splitlines()
+        _limit_hits.append(" ".join(line.strip() for line in text[:3]))
+    return True
+
+
+def max_variants_per_function() -> int:
+    """Dynamo's ceiling on compiled variants of one function, whatever its recompile limit
+    (``accumulated_recompile_limit``)."""
+    return int(getattr(torch._dynamo.config, "accumulated_recompile_limit", 256))
+
+
+def recompile_limit_hit_count() -> int:
+    """How many times Dynamo has hit a recompile limit in this process (see
+    :func:`recompile_limit_hits`); cheap enough to read around every call."""
+    global _limit_filter_installed
+    if not _limit_filter_installed:
+        logging.getLogger("torch._dynamo.convert_frame").addFilter(_record_limit_hit)
+        _limit_filter_installed = True
+    return len(_limit_hits)
+
+
+def recompile_limit_hits(since: int = 0) -> list[str]:
+    """Dynamo's own text for each recompile-limit hit after the first ``since`` (limit, function,
+    last guard failure)."""
+    return list(_limit_hits[since:])
+
+
+def graph_break_counts() -> dict[str, int]:
+    """Dynamo's running count of graph breaks by reason (process-wide)."""
+    from torch._dynamo.utils import counters
+    return dict(counters["graph_break"])
+
+
+def unsupported_error_types() -> tuple[type, ...]:
+    """Exceptions Dynamo raises for a graph break under ``fullgraph=True``."""
+    from torch._dynamo import exc
+    return (exc.Unsupported, exc.UserError)
+
+
+def recompile_error_types() -> tuple[type, ...]:
+    """Exceptions Dynamo raises for a refused recompile (fail_on_recompile, the limit)."""
+    from torch._dynamo import exc
+    types = [exc.RecompileError]
+    for name in ("FailOnRecompileLimitHit", "RecompileLimitExceeded", "CacheLimitExceeded"):
+        if hasattr(exc, name):
+            types.append(getattr(exc, name))
+    return tuple(types)
+
+
+def is_refused_recompile(exc: BaseException) -> bool:
+    """True for Dynamo's refusal to compile under stance fail_on_recompile (a plain RuntimeError)."""
+    return isinstance(exc, recompile_error_types()) or (
+        isinstance(exc, RuntimeError) and "stance is 'fail_on_recompile'" in str(exc))
+
+
+def backend_failure_types() -> tuple[type, ...]:
+    """Dynamo's wrapper exceptions for an error raised inside a compiler backend (ours), so
+    capture can unwrap the project's own error from them."""
+    from torch._dynamo import exc
+    return (exc.BackendCompilerFailed,)
+
+
+def reset_dynamo() -> None:
+    """Forget every Dynamo cache and compiled frame (tests and ``bisect`` start from scratch)."""
+    torch._dynamo.reset()
