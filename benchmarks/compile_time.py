@@ -104,6 +104,11 @@ def child(workload: str, mode: str, cache: str) -> dict:
         result["compile_work_s"] = round(compilation.compile_seconds, 3)
         result["graphs"] = len(compilation.graphs)
         result["passes_run"] = sum(len(g.passes) for g in compilation.graphs)
+        per_pass: dict = {}
+        for g in compilation.graphs:
+            for entry in g.passes:
+                per_pass[entry["pass"]] = round(per_pass.get(entry["pass"], 0.0) + entry["seconds"], 3)
+        result["pass_seconds"] = per_pass     # where the compile work went (codegen: Triton/g++ included)
         result["cache"] = sorted({g.cache.get("status") for g in compilation.graphs})
         result["keys"] = [g.cache.get("key") for g in compilation.graphs]
         result["not_cached"] = sorted({g.cache.get("reason") for g in compilation.graphs

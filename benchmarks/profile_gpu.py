@@ -103,19 +103,25 @@ def kernel_table(label: str, step, out: str | None, *, rows: int = 40) -> str:
     moved: dict = defaultdict(int)
     sources: dict = {}
     original = TritonKernel.__call__
+    on = []
 
     def recording(self, *inputs, donors=()):
         outs = original(self, *inputs, donors=donors)
-        tensors = [t for t in (*inputs, *outs) if isinstance(t, torch.Tensor)]
-        moved[self.generated.name] += sum(_distinct_bytes(t) for t in tensors)
-        sources[self.generated.name] = self.generated.source
+        if on:
+            tensors = [t for t in (*inputs, *outs) if isinstance(t, torch.Tensor)]
+            moved[self.generated.name] += sum(_distinct_bytes(t) for t in tensors)
+            sources[self.generated.name] = self.generated.source
         return outs
 
-    for _ in range(3):
-        step()
+    # The generated host code binds each kernel's __call__ when it is made: the wrapper must be in
+    # place while the step compiles, and records only during the one step below.
     TritonKernel.__call__ = recording
     try:
+        for _ in range(3):
+            step()
+        on.append(True)
         step()
+        on.clear()
     finally:
         TritonKernel.__call__ = original
     torch.cuda.synchronize()

@@ -47,7 +47,7 @@ class PadMatmul(Pass):
 
     name = "pad-mm"
     Options = PadMmOptions
-    version = "3"
+    version = "4"
     requires = frozenset({"aten"})
 
     def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
@@ -124,6 +124,7 @@ def _pad_left(graph: torch.fx.Graph, a: torch.fx.Node, pad_m: int, pad_k: int, p
     padded in its source's layout (see :func:`_pad_operand`)."""
     if not (pad_m or pad_k):
         return a
+    a = _without_double_transposes(a)
     source = _transposed_source(a)
     if source is not None:
         pad = [0, pad_m] if not pad_k else [0, pad_m, 0, pad_k]
@@ -141,12 +142,25 @@ def _transposed_source(node: torch.fx.Node) -> torch.fx.Node | None:
     return None
 
 
+def _without_double_transposes(node: torch.fx.Node) -> torch.fx.Node:
+    """``w`` for ``w.t().t()`` (the backward of a tied weight's ``linear`` reads one): the value
+    is ``w`` itself, in ``w``'s layout, so it is padded as ``w`` (a dense copy), not as the
+    transposed view in between (a transposing copy, many times slower)."""
+    while True:
+        inner = _transposed_source(node)
+        source = _transposed_source(inner) if inner is not None else None
+        if source is None or meta_of(source) is None or meta_of(source).dim() != 2:
+            return node
+        node = source
+
+
 def _pad_operand(graph: torch.fx.Graph, b: torch.fx.Node, pad_k: int, pad_n: int, pads: dict) -> torch.fx.Node:
     """``b`` (K x N) zero-padded by ``pad_k`` rows and ``pad_n`` columns. A transposed weight is
     padded in its own layout and transposed again: a dense copy the size of the weight, where
     padding the transposed view would be a slow transposing copy."""
     if not (pad_k or pad_n):
         return b
+    b = _without_double_transposes(b)
     source = _transposed_source(b)
     if source is not None:
         pad = [0, pad_k] if not pad_n else [0, pad_k, 0, pad_n]
