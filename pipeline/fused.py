@@ -46,6 +46,57 @@ FLOAT_TYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 CONSTANTS = {"aten.full", "aten.scalar_tensor"}
 IOTAS = {"prims.iota", "aten.arange"}
 SOURCES = CONSTANTS | IOTAS
+# An output pad: ``constant_pad_nd`` of a group's full-domain value, padding trailing dims at their
+# end only (pad-mm's zero-padded matmul operands). ``fuse`` puts it in the producing group as that
+# value's output: the kernel stores the value into the padded buffer's layout, and the kernel
+# object fills the padding (:func:`output_fills`), so no separate pad copies the whole tensor.
+PAD = "aten.constant_pad_nd"
+
+
+def end_padding(node: torch.fx.Node) -> tuple[list[tuple[int, int, int]], Any] | None:
+    """``([(dim, start, length), ...], value)`` when ``node`` is a ``constant_pad_nd`` that pads
+    trailing dims at their end only (never before, never negative), else None."""
+    if node.op != "call_function" or packet_name(node.target) != PAD:
+        return None
+    source = meta_of(node.args[0])
+    pad = list(node.args[1])
+    value = node.args[2] if len(node.args) > 2 else node.kwargs.get("value", 0)
+    if not isinstance(source, torch.Tensor) or len(pad) % 2 or len(pad) // 2 > source.dim():
+        return None
+    if not all(isinstance(p, int) for p in pad) or any(pad[0::2]) or min(pad[1::2], default=0) < 0:
+        return None
+    if not isinstance(value, (int, float, bool)):
+        return None
+    regions = [(source.dim() - 1 - k, int(source.shape[source.dim() - 1 - k]), pad[2 * k + 1])
+               for k in range(len(pad) // 2) if pad[2 * k + 1]]
+    return regions, value
+
+
+def output_fills(group: "FusedGroup", shapes: list) -> list[tuple[int, list, Any]]:
+    """``(output index, [(dim, start, length)], value)`` for each output pad of ``group`` whose
+    outputs have ``shapes`` (padded): the regions of the output buffer the kernel does not write,
+    which the kernel object fills. Read from the pad's arguments alone (a group loaded from the
+    compile cache carries no example values)."""
+    output = next(n for n in group.subgraph.graph.nodes if n.op == "output")
+    fills = []
+    for k, node in enumerate(output.args[0]):
+        if not (isinstance(node, torch.fx.Node) and node.op == "call_function" and packet_name(node.target) == PAD):
+            continue
+        pad = list(node.args[1])
+        value = node.args[2] if len(node.args) > 2 else node.kwargs.get("value", 0)
+        rank = len(shapes[k])
+        regions = [(rank - 1 - j, shapes[k][rank - 1 - j] - pad[2 * j + 1], pad[2 * j + 1])
+                   for j in range(len(pad) // 2) if pad[2 * j + 1]]
+        if regions:
+            fills.append((k, regions, value))
+    return fills
+
+
+def fill_padding(outs: tuple, fills: list) -> None:
+    """Write each output pad's value into the regions its kernel leaves (see :func:`output_fills`)."""
+    for k, regions, value in fills:
+        for dim, start, length in regions:
+            outs[k].narrow(dim, start, length).fill_(value)
 
 
 def packet_name(target: Any) -> str:
@@ -213,6 +264,11 @@ def node_level(node: torch.fx.Node, levels: dict, domain: tuple, reduced: tuple[
     may read an outer value only where eager broadcasting lines the value up with the kept axes.
     """
     shape = tuple(meta_of(node).shape)
+    if packet_name(node.target) == PAD:
+        source = node.args[0]
+        if end_padding(node) is None or levels.get(source) != "full" or tuple(meta_of(source).shape) != tuple(domain):
+            return None, "pads something other than a full-domain value of the group at its end"
+        return "full", ""
     if iota_of(node) is not None and outer_axis_map(shape, domain, reduced) is None:
         # A ramp is computed from the loop indices, never loaded: any shape can live in the
         # group (a ramp that does not line up with the domain only feeds reshapes of itself,

@@ -3,7 +3,8 @@
 It answers, for static shapes: which domain axes the kernel loops over (after merging axes that
 every access walks contiguously), the level and pass of every node (multi-pass row kernels for
 softmax-like groups), and how each input and output is addressed (one stride per loop axis, 0 for
-broadcast axes). Backends turn this into C++ or Triton without redoing shape reasoning.
+broadcast axes; an output pad, see :data:`pipeline.fused.PAD`, by the padded buffer's strides
+over the unpadded domain). Backends turn this into C++ or Triton without redoing shape reasoning.
 """
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import attrs
 import torch
 import torch.fx
 
-from .fused import (REDUCTIONS, UNIT_RESHAPES, FusedGroup, broadcasts_to, group_levels, iota_of, meta_of,
-                    outer_axis_map, packet_name)
+from .fused import (REDUCTIONS, UNIT_RESHAPES, FusedGroup, broadcasts_to, end_padding, group_levels, iota_of,
+                    meta_of, outer_axis_map, packet_name)
 
 
 class UnsupportedGroup(Exception):
@@ -137,7 +138,7 @@ def analyze(group: FusedGroup) -> LoopNest:
         if not (_is_static(value.shape) and _is_static(value.stride())):
             raise UnsupportedGroup(f"output {out.name} has dynamic shape or strides")
         consumer_shape = None if level[out] == "full" else tuple(value.shape)
-        if level[out] == "full" and tuple(value.shape) != domain:
+        if level[out] == "full" and tuple(value.shape) != domain and end_padding(out) is None:
             raise UnsupportedGroup(f"output {out.name} is broadcast to the domain; it would be written repeatedly")
         raw_outputs.append((out, _strides_for(tuple(value.shape), tuple(value.stride()), consumer_shape,
                                               domain, reduced)))

@@ -34,6 +34,17 @@ def mask_inputs():
             torch.randint(-50, 50, (16, 24), dtype=torch.int32))
 
 
+def padded_softmax(x):
+    """A row kernel's result reshaped, then padded at the end of its rows (as pad-mm pads a matmul
+    operand): the kernel writes the padded buffer itself."""
+    return F.pad(torch.softmax(x, -1).view(2, -1, x.shape[-1]), (0, 3), value=1.5)
+
+
+def padded_rows(x, y):
+    """A pointwise result with rows appended (pad-mm's padding of a transposed operand's M)."""
+    return F.pad(torch.sigmoid(x) * y + 1, (0, 0, 0, 5))
+
+
 def branchy(x):
     """Two graphs and one graph break: ``.item()`` decides the branch."""
     y = torch.sin(x) * 2

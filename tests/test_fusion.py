@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from pipeline import compilation_of, compile_with_plan
 from pipeline.numerics import compare
 from pipeline.testing import SemanticsError, assert_preserves_semantics
-from sample_functions import layer_norm, log_softmax, mask_inputs, masks, rms_norm, softmax
+from sample_functions import (layer_norm, log_softmax, mask_inputs, masks, padded_rows, padded_softmax, rms_norm,
+                              softmax)
 
 
 @pytest.fixture(autouse=True)
@@ -269,6 +270,29 @@ def test_a_reshaped_chain_that_a_matmul_reads_stays_whole_in_its_kernel():
     (column_sum,) = [k for k in record.contents["kernels"] if "aten.sum" in k["ops"]]
     assert len(re.findall(r"out\d+\[[^\]]+\] =", chain["source"])) == 1
     assert "aten.add" not in column_sum["ops"] and "aten.mul" not in column_sum["ops"]
+
+
+@pytest.mark.parametrize("fn,args", [
+    (padded_softmax, (torch.randn(8, 13),)),
+    (padded_rows, (torch.randn(6, 10), torch.randn(10))),
+    (lambda x: F.pad((x * 3).to(torch.bfloat16), (0, 5, 0, 2)), (torch.randn(4, 6, 11),)),
+], ids=["row_kernel_after_reshape", "rows_appended", "two_dims_bf16"])
+def test_a_pad_of_a_kernels_result_is_that_kernels_padded_output(fn, args):
+    """No pad copies the result: the kernel stores into the padded buffer's layout and the
+    padding is filled around it (pad-mm's padded matmul operands, e.g. GPT-2's logits gradient)."""
+    record = compiled_record(fn, *args)
+    assert [k for k in record.contents["kernels"] if "aten.constant_pad_nd" in k["ops"]]
+    assert not [name for name in record.contents["extern_calls"] if "constant_pad_nd" in name]
+
+
+def test_a_padded_output_keeps_its_padding_when_its_kernel_comes_from_the_compile_cache(tmp_path, monkeypatch):
+    monkeypatch.delenv("PIPELINE_CACHE_GRAPHS", raising=False)      # the suite turns the graph cache off
+    x = torch.randn(8, 13)
+    for status in ("miss", "hit"):
+        torch._dynamo.reset()
+        compiled = compile_with_plan(padded_softmax, "cpu-inference", cache={"dir": str(tmp_path)})
+        assert compare(padded_softmax(x), compiled(x)) is None
+        assert compilation_of(compiled).graphs[0].cache["status"] == status
 
 
 def test_a_clone_to_a_rank_specific_layout_is_not_moved_across_a_reshape():

@@ -28,7 +28,8 @@ from pipeline.fused import FusedGroup  # noqa: E402
 from pipeline.numerics import compare  # noqa: E402
 from pipeline.testing import assert_preserves_semantics, graphs  # noqa: E402
 from conftest import triton_interpreter_ready  # noqa: E402
-from sample_functions import layer_norm, log_softmax, mask_inputs, masks, rms_norm, softmax  # noqa: E402
+from sample_functions import (layer_norm, log_softmax, mask_inputs, masks, padded_rows, padded_softmax,  # noqa: E402
+                              rms_norm, softmax)
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install -e '.[gpu]')")
@@ -109,6 +110,8 @@ CASES = {
     "argmax": (argmax, lambda: (with_nans(8, 50),)),
     "amax_with_nan": (amax, lambda: (with_nans(8, 50),)),
     "bool_and_int_bitwise": (masks, mask_inputs),
+    "padded_output_of_a_row_kernel": (padded_softmax, lambda: (torch.randn(8, 13),)),
+    "padded_output_rows_appended": (padded_rows, lambda: (torch.randn(6, 10), torch.randn(10))),
 }
 
 

@@ -25,7 +25,7 @@ import torch
 import torch.fx
 
 from pipeline import Pass, PassContext, non_negative, option
-from pipeline.fused import CompiledKernel, FusedGroup, meta_of
+from pipeline.fused import CompiledKernel, FusedGroup, fill_padding, meta_of, output_fills
 from pipeline.graph_io import Codec, UnsupportedGraph
 from pipeline.loops import UnsupportedGroup, analyze
 
@@ -77,6 +77,7 @@ class CppKernel(CompiledKernel):
         self.in_strides = tuple(tuple(v.stride()) for v in inputs)
         self.in_dtypes = tuple(v.dtype for v in inputs)
         self.outputs = [(tuple(v.shape), tuple(v.stride()), v.dtype) for v in outputs]
+        self.fills = output_fills(group, [shape for shape, _, _ in self.outputs])   # output pads' padding
         self.library_source = library_source
         self.library_path = library_path
 
@@ -88,6 +89,8 @@ class CppKernel(CompiledKernel):
             return self.group(*inputs)
         outs = tuple(inputs[donors[k]] if donors and donors[k] >= 0 else torch.empty_strided(shape, stride, dtype=dtype)
                      for k, (shape, stride, dtype) in enumerate(self.outputs))
+        if self.fills:
+            fill_padding(outs, self.fills)
         self.function(*[t.data_ptr() for t in inputs], *[o.data_ptr() for o in outs])
         return outs
 
@@ -114,6 +117,7 @@ class CppKernel(CompiledKernel):
         kernel.in_strides = tuple(tuple(s) for s in data["in_strides"])
         kernel.in_dtypes = tuple(getattr(torch, d) for d in data["in_dtypes"])
         kernel.outputs = [(tuple(shape), tuple(stride), getattr(torch, d)) for shape, stride, d in data["outputs"]]
+        kernel.fills = output_fills(group, [shape for shape, _, _ in kernel.outputs])
         kernel.library_source = library_source
         kernel.library_path = str(path.with_suffix(".so"))
         return kernel

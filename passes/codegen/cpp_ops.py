@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 import torch
 
-from pipeline.fused import BITWISE, COMPARISONS, UNIT_RESHAPES, clamp_bounds, meta_of, packet_name, promoted_dtype, value_dtype
+from pipeline.fused import BITWISE, COMPARISONS, PAD, UNIT_RESHAPES, clamp_bounds, meta_of, packet_name, promoted_dtype, value_dtype
 
 C_STORAGE = {torch.float32: "float", torch.float64: "double", torch.float16: "_Float16",
              torch.bfloat16: "uint16_t", torch.int8: "int8_t", torch.uint8: "uint8_t",
@@ -106,6 +106,7 @@ def pointwise_expr(node: torch.fx.Node, operand: Callable[[Any, str], str]) -> s
               "aten.sigmoid": "(({t})1 / (({t})1 + pp_exp(-{0})))", "aten.erf": "pp_erf({0})",
               "aten.floor": "std::floor({0})", "aten.ceil": "std::ceil({0})", "aten.trunc": "std::trunc({0})",
               "aten.silu": "({0} / (({t})1 + pp_exp(-{0})))", "aten.clone": "{0}", "aten.alias": "{0}",
+              PAD: "{0}",   # an output pad's value (pipeline.fused.PAD: the store lands in the padded layout)
               "aten._to_copy": "{0}", "prims.convert_element_type": "{0}"}
     if name in simple:
         source_ct = ct

@@ -41,7 +41,7 @@ import torch
 import torch.fx
 
 from pipeline import Pass, PassContext, non_negative, option, positive
-from pipeline.fused import CompiledKernel, FusedGroup, meta_of, packet_name
+from pipeline.fused import CompiledKernel, FusedGroup, meta_of, output_fills, packet_name
 from pipeline.loops import UnsupportedGroup
 
 from .host import FAST_BINDINGS
@@ -118,6 +118,8 @@ def find_site(node: torch.fx.Node) -> tuple[Site | None, str]:
     group = epilogue_group(epilogue)
     if group.reduced:
         return None, f"its consumer {group.name} is a reduction, not a pointwise epilogue"
+    if output_fills(group, [tuple(meta_of(v).shape) for v in _group_outputs(group)]):
+        return None, f"its consumer {group.name} writes a padded output (the template stores unpadded tiles)"
     if isinstance(epilogue.target, CompiledKernel) and epilogue.target.backend != "triton":
         return None, f"its epilogue is a {epilogue.target.backend} kernel (the template is Triton)"
     product = view if view is not None else node
@@ -133,6 +135,10 @@ def find_site(node: torch.fx.Node) -> tuple[Site | None, str]:
     if view is not None and plan.view is None:
         return None, f"{view.name} is not a plain reshape of its contiguous result"
     return Site(node, view, epilogue, inputs, combined, plan), ""
+
+
+def _group_outputs(group: FusedGroup) -> list:
+    return list(next(n for n in group.subgraph.graph.nodes if n.op == "output").args[0])
 
 
 def combine(matmul: torch.fx.Node, view: torch.fx.Node | None, epilogue: torch.fx.Node,

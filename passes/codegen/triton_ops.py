@@ -16,7 +16,7 @@ from typing import Any, Callable
 import torch
 import torch.fx
 
-from pipeline.fused import BITWISE, COMPARISONS, UNIT_RESHAPES, clamp_bounds, meta_of, packet_name, promoted_dtype, value_dtype
+from pipeline.fused import BITWISE, COMPARISONS, PAD, UNIT_RESHAPES, clamp_bounds, meta_of, packet_name, promoted_dtype, value_dtype
 
 TL_STORAGE = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
               torch.bfloat16: "tl.bfloat16", torch.int8: "tl.int8", torch.uint8: "tl.uint8",
@@ -267,7 +267,7 @@ def pointwise_expr(node, operand: Callable[[Any, str], str], uses: set[str]) -> 
         uses.add(fn)
         return f"{fn}({', '.join(values)})"
 
-    if name in UNIT_RESHAPES or name in ("aten.clone", "aten.alias"):
+    if name in UNIT_RESHAPES or name in ("aten.clone", "aten.alias", PAD):   # PAD: an output pad's value
         return a(0)
     if name in ("aten.add", "aten.sub"):
         alpha = kw.get("alpha", 1)

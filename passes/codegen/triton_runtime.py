@@ -33,7 +33,7 @@ import torch.fx
 
 from pipeline import compat
 from pipeline.errors import PipelineError
-from pipeline.fused import CompiledKernel, FusedGroup, meta_of
+from pipeline.fused import CompiledKernel, FusedGroup, fill_padding, meta_of, output_fills
 from pipeline.loops import UnsupportedGroup, analyze
 
 from .cpp_build import cache_dir as _cache_dir
@@ -144,6 +144,7 @@ class TritonKernel(CompiledKernel):
         self.in_strides = in_strides
         self.device = device
         self.outputs = outputs
+        self.fills = output_fills(self.group, [shape for shape, _, _ in outputs])   # output pads' padding
         self._fast: tuple | None = None     # what a direct launch on one device needs, see below
         self.alternatives: Callable[[], list] | None = getattr(self, "alternatives", None)
 
@@ -197,6 +198,8 @@ class TritonKernel(CompiledKernel):
                               for k, (shape, stride, dtype) in enumerate(self.outputs)])
             else:
                 outs = tuple([empty(shape, stride, dtype) for shape, stride, dtype in self.outputs])
+            if self.fills:
+                fill_padding(outs, self.fills)
             raw_stream = stream(fast[0])
             if enter.calls or leave.calls:      # launch hooks (profilers): give them what Triton gives
                 run(*grid, raw_stream, function, metadata,
@@ -216,6 +219,8 @@ class TritonKernel(CompiledKernel):
         outs = tuple(inputs[donors[k]] if donors and donors[k] >= 0
                      else torch.empty_strided(shape, stride, dtype=dtype, device=device)
                      for k, (shape, stride, dtype) in enumerate(self.outputs))
+        if self.fills:
+            fill_padding(outs, self.fills)
         if self.empty:
             return outs
         if device.type != "cuda":

@@ -5,7 +5,8 @@ pointwise nodes that feed them (prologue) and consume them (epilogue), so softma
 layer norm and RMS norm are one group each. Each group becomes one node calling a
 :class:`pipeline.fused.FusedGroup`, which runs the group eagerly until ``codegen`` gives it a kernel.
 Legality (legality.py) is separate from profitability (choices.py); every rejected candidate is
-recorded with its reason.
+recorded with its reason. A ``constant_pad_nd`` appending to trailing dims of a group's result that
+nothing else reads joins that group as an output pad (:data:`pipeline.fused.PAD`).
 """
 from __future__ import annotations
 
@@ -17,13 +18,13 @@ import torch.fx
 
 from pipeline import Pass, PassContext, option, positive
 from pipeline import compat
-from pipeline.fused import FusedGroup, meta_of, reduction_axes
+from pipeline.fused import FusedGroup, end_padding, meta_of, reduction_axes
 
 from .canonicalize import FUSION_DECOMPOSITIONS
 from .choices import FusionChoices
 from .legality import Group, can_grow, classify, creates_cycle, merge_problem, shape_problem, sources_only
 from .gathers import sink_gathers
-from .views import move_views
+from .views import hoist_pads, move_views
 
 
 @attrs.frozen
@@ -31,7 +32,8 @@ class FuseOptions:
     max_group_size: int = option(64, "Most ATen nodes one fused group may hold.", check=positive)
     reductions: bool = option(True, "Fuse reductions with their pointwise prologue and epilogue.")
     move_views: bool = option(True, "Move reshapes across elementwise nodes so the elementwise work "
-                                    "joins the kernel on the other side (see passes/fuse/views.py).")
+                                    "joins the kernel on the other side, and end pads above reshapes so "
+                                    "they become a kernel's padded output (see passes/fuse/views.py).")
     sink_gathers: bool = option(True, "Compute gather(f(x), dim, index) of an elementwise f as "
                                       "f(gather(x, dim, index)) when f's other operands are constant along "
                                       "dim, so the full f(x) is not written (cross-entropy's log-probabilities; "
@@ -45,14 +47,14 @@ class Fuse(Pass):
 
     name = "fuse"
     Options = FuseOptions
-    version = "4"
+    version = "5"
     requires = frozenset({"functional", "aten"})
     provides = frozenset({"fused"})
     Choices = FusionChoices
 
     def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
         if self.options.move_views:
-            moved = move_views(graph)
+            moved = move_views(graph) + hoist_pads(graph)
             if moved:
                 context.note(f"moved {moved} elementwise node(s) across reshapes", topic="fusion")
         if self.options.sink_gathers:
@@ -97,7 +99,11 @@ class Fuse(Pass):
             if kind == "reduction" and not self.options.reductions:
                 kind, why = None, "reductions are off (fuse.reductions: false)"
             if kind is None:
-                if node.op == "call_function":
+                padded = output_pad_group(node, group_of, depends_on)
+                if padded is not None:
+                    padded.add(node, padded.reduced)
+                    group_of[node] = padded
+                elif node.op == "call_function":
                     note(f"{node.name}: not fused: {why}")
                 depends_on[node] = frozenset(deps)
                 continue
@@ -153,6 +159,24 @@ class Fuse(Pass):
                 if other.id in value:
                     depends_on[key] = (value - {other.id}) | {target.id}
             target.merge(other, order)
+
+
+def output_pad_group(node: torch.fx.Node, group_of: dict, depends_on: dict) -> Group | None:
+    """The group that takes ``node`` as an output pad (:data:`pipeline.fused.PAD`), if any: a
+    ``constant_pad_nd`` at the end of trailing dims of a contiguous full-domain value of a group
+    that nothing else reads. Its kernel then writes that value straight into the padded buffer."""
+    if end_padding(node) is None:
+        return None
+    source = node.args[0]
+    group = group_of.get(source)
+    if group is None or len(source.users) != 1 or creates_cycle(group, node, depends_on):
+        return None
+    value = meta_of(source)
+    if tuple(value.shape) != tuple(group.domain) or not value.is_contiguous():
+        return None
+    if any(group.domain[axis] == 1 for axis in group.reduced):
+        return None         # a reduced value could then have the domain's shape too
+    return group
 
 
 def rebuild(graph: torch.fx.GraphModule, groups: list[Group]) -> torch.fx.GraphModule:

@@ -19,13 +19,17 @@ its same-shaped operands):
 Only views that are valid on every moved operand's layout are moved (checked on the operands'
 example values), and only elementwise nodes with operands of one shape (or 0-d) are crossed.
 All hoists run first, then all sinks, so the two never undo each other.
+
+A third rewrite moves pads (:func:`hoist_pads`): ``pad(view(y))`` becomes ``view(pad(y))`` when
+the view leaves the padded trailing dims alone, so that the pad meets the kernel computing ``y``
+and becomes that kernel's padded output (:data:`pipeline.fused.PAD`).
 """
 from __future__ import annotations
 
 import torch
 import torch.fx
 
-from pipeline.fused import meta_of, packet_name
+from pipeline.fused import end_padding, meta_of, packet_name
 
 from .legality import classify
 
@@ -171,3 +175,49 @@ def _remap(node: torch.fx.Node, mapping: dict) -> tuple[tuple, dict]:
         return mapping.get(value, value) if isinstance(value, torch.fx.Node) else value
     return (tuple(torch.fx.node.map_aggregate(node.args, swap)),
             dict(torch.fx.node.map_aggregate(node.kwargs, swap)))
+
+
+def hoist_pads(graph: torch.fx.GraphModule) -> int:
+    """``constant_pad_nd(view(y))`` -> ``view(constant_pad_nd(y))`` where the pad only appends to
+    trailing dims that the view keeps and ``y`` is contiguous (the view then reshapes leading dims
+    only, which stays valid on the padded tensor). Returns how many pads moved."""
+    moved = 0
+    for _ in range(MAX_ROUNDS):
+        changed = 0
+        for node in list(graph.graph.nodes):
+            if node.graph is graph.graph and _hoist_pad(graph.graph, node):
+                changed += 1
+        moved += changed
+        if not changed:
+            break
+    if moved:
+        graph.graph.eliminate_dead_code()
+        graph.recompile()
+    return moved
+
+
+def _hoist_pad(graph: torch.fx.Graph, pad: torch.fx.Node) -> bool:
+    if end_padding(pad) is None:
+        return False
+    view = pad.args[0]
+    if view.op != "call_function" or view.target not in VIEWS or len(view.users) != 1:
+        return False
+    source = view.args[0]
+    if not isinstance(source, torch.fx.Node) or not isinstance(meta_of(source), torch.Tensor):
+        return False
+    before, after = meta_of(source), meta_of(view)
+    trailing = len(pad.args[1]) // 2
+    if not before.is_contiguous() or before.dim() < trailing or after.dim() < trailing \
+            or tuple(before.shape[before.dim() - trailing:]) != tuple(after.shape[after.dim() - trailing:]):
+        return False
+    padded_shape = list(meta_of(pad).shape)
+    shape = list(after.shape[:after.dim() - trailing]) + padded_shape[len(padded_shape) - trailing:]
+    with graph.inserting_before(pad):
+        moved = graph.call_function(pad.target, (source, *pad.args[1:]), dict(pad.kwargs))
+        moved.meta["val"] = torch.constant_pad_nd(before, list(pad.args[1]))
+        back = graph.call_function(aten.view.default, (moved, shape))
+        back.meta["val"] = meta_of(pad)
+    pad.replace_all_uses_with(back)
+    graph.erase_node(pad)
+    graph.erase_node(view)
+    return True
