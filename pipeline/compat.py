@@ -169,6 +169,10 @@ def aot_compile(gm: torch.fx.GraphModule, example_inputs: list, *, forward: Call
     from torch._functorch._aot_autograd.utils import make_boxed_func
 
     def boxed(compiler: Callable) -> Callable:
+        # Never traced by Dynamo: a backward compiles lazily, at the first backward call, and
+        # that call can come from code Dynamo is running (``torch.autograd.grad`` inside a
+        # compiled function), where Dynamo would otherwise trace our compiler as user code.
+        @torch._dynamo.disable
         def compile_boxed(graph: torch.fx.GraphModule, inputs: list) -> Callable:
             # AOTAutograd calls its compilers inside its fake mode; ours run as the inference
             # path does, outside it (passes enter the fake mode of their example inputs).

@@ -447,3 +447,18 @@ def test_random_graphs_train_like_eager_with_generated_kernels(case):
                                case, seeds=(0, 1))
     except ValueError:
         assume(False)
+
+
+def test_autograd_grad_inside_a_compiled_function_compiles_its_backward_untraced():
+    """The backward compiles at the first backward call; here that call comes from code Dynamo is
+    running (after the graph break at torch.autograd.grad). Dynamo used to trace the compiler
+    itself then, until a pass hit its recompile limit and the call failed."""
+    def grad_of_loss(x, w):
+        loss = (torch.tanh(x @ w) ** 2).sum()
+        (grad,) = torch.autograd.grad(loss, x)
+        return grad
+
+    x = torch.randn(6, 5, requires_grad=True)
+    w = torch.randn(5, 4)
+    compiled = pipeline.compile_with_plan(grad_of_loss, "training")
+    torch.testing.assert_close(compiled(x, w), grad_of_loss(x, w))
