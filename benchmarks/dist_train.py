@@ -20,7 +20,7 @@ first step runs no pass (fleet start). Rank 0 writes ``dist-<wrapper>.json`` and
 
 Variants, DDP: ``eager``, ``inductor`` (``torch.compile(DDP(model))``), ``ours``
 (``compile_with_plan(DDP(model), "training")``), and with CUDA graphs ``inductor-reduce-overhead``
-(``mode="reduce-overhead"``) and ``ours-cudagraphs`` (``benchmarks/plans/training-cudagraphs.yaml``:
+(``mode="reduce-overhead"``) and ``ours-cudagraphs`` (the built-in plan ``training-reduce-overhead``:
 the training plan with forward and backward graphs recorded and replayed). FSDP2 (every GPT-2 block and the root sharded):
 ``eager``; compiled whole, ``inductor`` and ``ours`` (Dynamo breaks the graph at FSDP2's hooks and
 compiles the frames between them); compiled per block with the hooks eager, ``inductor-blocks``
@@ -58,7 +58,7 @@ from train_suite import gpt2_train  # noqa: E402
 
 import pipeline  # noqa: E402
 
-CUDAGRAPHS_PLAN = Path(__file__).resolve().parent / "plans" / "training-cudagraphs.yaml"
+CUDAGRAPHS_PLAN = "training-reduce-overhead"
 LOSS_TOLERANCE = 2e-2   # largest relative deviation of a compiled loss curve from eager's (bf16 autocast)
 
 
@@ -91,7 +91,7 @@ def variants(wrapper: str, names: list[str], block: str) -> dict[str, Callable[[
                  "inductor": lambda m: torch.compile(DDP(m)),
                  "ours": lambda m: pipeline.compile_with_plan(DDP(m), "training"),
                  "inductor-reduce-overhead": lambda m: torch.compile(DDP(m), mode="reduce-overhead"),
-                 "ours-cudagraphs": lambda m: pipeline.compile_with_plan(DDP(m), str(CUDAGRAPHS_PLAN))}
+                 "ours-cudagraphs": lambda m: pipeline.compile_with_plan(DDP(m), CUDAGRAPHS_PLAN)}
     else:
         table = {"eager": lambda m: shard(m),
                  "inductor": lambda m: torch.compile(shard(m)),

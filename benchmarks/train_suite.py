@@ -276,7 +276,7 @@ def main() -> int:
     parser.add_argument("--only", default="")
     parser.add_argument("--skip", default="", help="variants to leave out, e.g. inductor")
     parser.add_argument("--plans", default="", help="more plans (names or YAML files), comma-separated, "
-                                                   "e.g. benchmarks/plans/training-cudagraphs.yaml")
+                                                   "e.g. training-reduce-overhead")
     parser.add_argument("--out", default=os.environ.get("OUT", str(Path(__file__).parent / "results")))
     parser.add_argument("--name", default=None, help="file stem of the JSON and Markdown written under --out")
     args = parser.parse_args()

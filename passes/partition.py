@@ -43,6 +43,7 @@ _CHEAP |= {torch.ops.aten.transpose.int, torch.ops.aten.squeeze.dim, torch.ops.a
            torch.ops.prims.convert_element_type.default}
 # Walking back further than this many ops from one saved value is not a "chain" any more.
 _MAX_REGION = 48
+_CASTS = {torch.ops.aten._to_copy.default, torch.ops.prims.convert_element_type.default}
 
 
 def _positive_budget(value: Any) -> str | None:
@@ -62,6 +63,11 @@ class PartitionOptions:
         None, "Most activation bytes to keep for the backward: above 1 in bytes, up to 1 as a fraction "
               "of what save-all keeps. Recompute-pointwise stops recomputing once it fits; min-cut gets "
               "it as torch's activation_memory_budget; null: no limit.", check=_positive_budget)
+    recompute_input_casts: bool = option(
+        False, "recompute-pointwise: also recompute dtype casts (and views) of the compiled region's "
+               "inputs, such as autocast's bf16 copy of each weight. Off: they stay saved, since "
+               "recomputing one costs a kernel of its own per step for a tensor the backward must "
+               "have in memory anyway (a matmul reads it).")
 
 
 class Partition(SplitPass):
@@ -69,7 +75,7 @@ class Partition(SplitPass):
 
     name = "partition"
     Options = PartitionOptions
-    version = "1"
+    version = "2"
     provides = frozenset({"partitioned"})
 
     def split(self, joint: JointGraph, context: PassContext) -> tuple[torch.fx.GraphModule,
@@ -86,7 +92,8 @@ class Partition(SplitPass):
         else:
             recompute = set()
             if opts.strategy == "recompute-pointwise":
-                recompute = _choose_recomputed(joint, opts.memory_budget, context)
+                recompute = _choose_recomputed(joint, opts.memory_budget, context,
+                                               input_casts=opts.recompute_input_casts)
             elif opts.memory_budget is not None:
                 _note_budget(joint, opts.memory_budget, context)
             forward, backward = split_joint(joint, recompute)
@@ -239,10 +246,19 @@ def _region(node: torch.fx.Node, saved: set) -> tuple[set, set] | None:
     return region, frontier
 
 
-def _choose_recomputed(joint: JointGraph, budget: float | None, context: PassContext) -> set:
+def _is_input_cast(region: set, frontier: set) -> bool:
+    """A chain of dtype casts and views of inputs of the compiled region only (a weight's autocast
+    copy): recomputing it saves its bytes, but costs a kernel that converts the input again."""
+    return all(f.op == "placeholder" for f in frontier) and any(n.target in _CASTS for n in region) and all(
+        n.target in _CASTS or compat.is_view_op(n.target) for n in region)
+
+
+def _choose_recomputed(joint: JointGraph, budget: float | None, context: PassContext, *,
+                       input_casts: bool = False) -> set:
     """The cheap forward nodes the backward computes again. Greedy, biggest saved value first:
     recompute a saved value's chain when the values the chain starts from (and are not saved
-    already) take fewer bytes than the value; with a budget, stop once the saved bytes fit."""
+    already) take fewer bytes than the value; with a budget, stop once the saved bytes fit.
+    Casts of the region's inputs are recomputed only with ``input_casts`` (or to meet a budget)."""
     forward = _forward(joint)
     saved = _saved(joint, forward, set())
     full = _activation_bytes(saved)
@@ -262,6 +278,8 @@ def _choose_recomputed(joint: JointGraph, budget: float | None, context: PassCon
         region, frontier = found
         extra = sum(_cost(f) for f in frontier if f not in saved)
         if extra >= _cost(candidate):
+            continue
+        if not input_casts and limit is None and _is_input_cast(region, frontier):
             continue
         recompute |= region
         saved = _saved(joint, forward, recompute)

@@ -115,7 +115,7 @@ def test_an_input_the_graph_writes_is_written_back():
         assert torch.equal(ours, theirs)
 
 
-TRAINING_CUDAGRAPHS = "benchmarks/plans/training-cudagraphs.yaml"
+TRAINING_CUDAGRAPHS = "training-reduce-overhead"
 
 
 def train_steps(model, compiled, steps: int, device: str) -> list[tuple[torch.Tensor, dict]]:
@@ -162,5 +162,28 @@ def test_training_steps_replayed_as_cuda_graphs_match_eager():
         assert compare(loss_e, loss) is None
         for name in grads_e:
             assert compare(grads_e[name], grads[name]) is None, name
+    records = [r for r in compilation_of(compiled).graphs if r.role in ("forward", "backward")]
+    assert {r.role for r in records if r.cudagraphs} == {"forward", "backward"}
+
+
+@needs_cuda
+def test_dropout_in_a_replayed_training_step_draws_a_new_mask_each_step_and_its_backward_uses_it():
+    """Under CUDA graphs the generator's offset advances per replay: every step drops a fresh set
+    of elements (about p of them), and the gradient is zero exactly where the output was dropped
+    and 1 / (1 - p) elsewhere, so the backward read the mask its own forward drew."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Dropout(0.25)).cuda().train()
+    compiled = compile_with_plan(model, TRAINING_CUDAGRAPHS)
+    masks = []
+    for _ in range(4):
+        x = (torch.rand(64, 256, device="cuda") + 1).requires_grad_()
+        out = compiled(x)
+        out.sum().backward()
+        kept = out != 0
+        assert torch.equal(x.grad != 0, kept)
+        torch.testing.assert_close(x.grad[kept], torch.full_like(x.grad[kept], 1 / 0.75))
+        assert abs(1 - kept.float().mean().item() - 0.25) < 0.03
+        masks.append(kept)
+    assert all(not torch.equal(a, b) for a, b in zip(masks, masks[1:]))
     records = [r for r in compilation_of(compiled).graphs if r.role in ("forward", "backward")]
     assert {r.role for r in records if r.cudagraphs} == {"forward", "backward"}

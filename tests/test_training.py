@@ -157,6 +157,37 @@ def test_autocast_bf16_training_matches_eager_autocast():
         torch.testing.assert_close(q.grad / scale, p.grad / scale, rtol=4 * rtol, atol=4 * atol, msg=name)
 
 
+def weight_cast_kernels(recompute_input_casts: bool) -> tuple[int, int]:
+    """(backward kernels that only cast a weight-shaped tensor, 2-D weights), after checking the
+    loss's gradients against eager's under bf16 autocast."""
+    eager, compiled = pair(Transformer, options={"partition": {"recompute_input_casts": recompute_input_casts}})
+    g = torch.Generator().manual_seed(3)
+    x, targets = torch.randn(2, 8, 32, generator=g), torch.randint(0, 16, (2, 8), generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss_e, loss_c = eager(x, targets), compiled(x, targets)
+    loss_e.backward()
+    loss_c.backward()
+    for (name, p), (_, q) in zip(eager.named_parameters(), compiled.named_parameters()):
+        scale = p.grad.abs().max().item() + 1e-6
+        rtol, atol = tolerance(torch.bfloat16)
+        torch.testing.assert_close(q.grad / scale, p.grad / scale, rtol=4 * rtol, atol=4 * atol, msg=name)
+    backward = next(r for r in pipeline.compilation_of(compiled).graphs if r.role == "backward")
+    weight_shapes = {tuple(p.shape) for p in eager.parameters() if p.dim() == 2}
+    casts = [k for k in backward.contents["kernels"]
+             if k["ops"] == ["aten._to_copy"] and tuple(int(d) for d in k["domain"]) in weight_shapes]
+    return len(casts), sum(1 for p in eager.parameters() if p.dim() == 2)
+
+
+def test_autocast_weight_copies_stay_saved_unless_the_plan_recomputes_input_casts():
+    """recompute-pointwise keeps autocast's bf16 copy of each weight saved (a matmul in the
+    backward reads it, so recomputing it is a kernel of its own per weight and step); the option
+    recomputes each one. Gradients match eager's either way. (Casts of weight gradients to fp32
+    are in both backwards.)"""
+    kept, weights = weight_cast_kernels(False)
+    recomputed, _ = weight_cast_kernels(True)
+    assert recomputed - kept == weights
+
+
 def test_optimizer_steps_outside_the_compiled_region_track_eager():
     eager, compiled = pair(MLP)
     opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-2)
