@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_suite import cuda_time  # noqa: E402
 
 os.environ["PIPELINE_CACHE_GRAPHS"] = "0"        # module constants are not part of the graph key
 
@@ -26,22 +28,6 @@ LOOPED = [{}, {"LOOPED_RBLOCK": 2048, "LOOPED_WARP_ELEMENTS": 256}, {"LOOPED_RBL
           {"LOOPED_RBLOCK": 4096, "LOOPED_WARP_ELEMENTS": 512}, {"LOOPED_RBLOCK": 8192, "LOOPED_WARP_ELEMENTS": 512}]
 COLUMNS = [{}, {"MIN_PROGRAMS": 1}, {"OUTER_XBLOCK": 32, "MIN_PROGRAMS": 1}, {"OUTER_XBLOCK": 16, "MIN_PROGRAMS": 1},
            {"OUTER_XBLOCK": 128, "MIN_PROGRAMS": 1, "TILE_ELEMENTS": 8192}, {"MIN_PROGRAMS": 132}]
-
-
-def timed(fn, *args, reps: int = 3, iters: int = 30) -> float:
-    for _ in range(5):
-        fn(*args)
-    torch.cuda.synchronize()
-    runs = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn(*args)
-        end.record()
-        torch.cuda.synchronize()
-        runs.append(start.elapsed_time(end) / iters)
-    return sorted(runs)[len(runs) // 2]
 
 
 def ce(logits, target):
@@ -80,7 +66,7 @@ def main() -> int:
     cases = [("ce forward", ce, (logits, target), LOOPED), ("ce forward+backward", ce_train, (trainable, target), LOOPED),
              ("column sum 4096x768", colsum, (x,), COLUMNS), ("column sum split by hand", colsum_split, (x,), COLUMNS[:1])]
     for name, fn, inputs, settings in cases:
-        eager = timed(fn, *inputs)
+        eager = cuda_time(fn, inputs, iters=30, rounds=3)
         for setting in settings:
             for key, value in {**defaults, **setting}.items():
                 setattr(triton_source, key, value)
@@ -88,7 +74,7 @@ def main() -> int:
             plan = "training" if name.endswith("backward") else "default"
             compiled = compile_with_plan(fn, plan)
             try:
-                ms = timed(compiled, *inputs)
+                ms = cuda_time(compiled, inputs, iters=30, rounds=3)
                 error = None
             except Exception as exc:       # a setting Triton cannot compile is a result, not a crash
                 ms, error = None, f"{type(exc).__name__}: {str(exc)[:200]}"

@@ -42,8 +42,14 @@ def move_views(graph: torch.fx.GraphModule) -> int:
     """Hoist, then sink, reshapes across elementwise nodes in ``graph`` (in place); returns how
     many nodes moved. New nodes carry example values derived from the old ones; the caller
     re-traces the graph for exact ones."""
+    return _rewrite(graph, (_hoist, _sink))
+
+
+def _rewrite(graph: torch.fx.GraphModule, rewrites: tuple) -> int:
+    """Apply each rewrite (``rewrite(graph, node) -> 0 | 1``) to every node, in rounds until none
+    applies (at most ``MAX_ROUNDS``), one rewrite after the other; returns how many applied."""
     moved = 0
-    for rewrite in (_hoist, _sink):
+    for rewrite in rewrites:
         for _ in range(MAX_ROUNDS):
             changed = sum(rewrite(graph.graph, node) for node in list(graph.graph.nodes)
                           if node.graph is graph.graph)
@@ -181,35 +187,23 @@ def hoist_pads(graph: torch.fx.GraphModule) -> int:
     """``constant_pad_nd(view(y))`` -> ``view(constant_pad_nd(y))`` where the pad only appends to
     trailing dims that the view keeps and ``y`` is contiguous (the view then reshapes leading dims
     only, which stays valid on the padded tensor). Returns how many pads moved."""
-    moved = 0
-    for _ in range(MAX_ROUNDS):
-        changed = 0
-        for node in list(graph.graph.nodes):
-            if node.graph is graph.graph and _hoist_pad(graph.graph, node):
-                changed += 1
-        moved += changed
-        if not changed:
-            break
-    if moved:
-        graph.graph.eliminate_dead_code()
-        graph.recompile()
-    return moved
+    return _rewrite(graph, (_hoist_pad,))
 
 
-def _hoist_pad(graph: torch.fx.Graph, pad: torch.fx.Node) -> bool:
+def _hoist_pad(graph: torch.fx.Graph, pad: torch.fx.Node) -> int:
     if end_padding(pad) is None:
-        return False
+        return 0
     view = pad.args[0]
     if view.op != "call_function" or view.target not in VIEWS or len(view.users) != 1:
-        return False
+        return 0
     source = view.args[0]
     if not isinstance(source, torch.fx.Node) or not isinstance(meta_of(source), torch.Tensor):
-        return False
+        return 0
     before, after = meta_of(source), meta_of(view)
     trailing = len(pad.args[1]) // 2
     if not before.is_contiguous() or before.dim() < trailing or after.dim() < trailing \
             or tuple(before.shape[before.dim() - trailing:]) != tuple(after.shape[after.dim() - trailing:]):
-        return False
+        return 0
     padded_shape = list(meta_of(pad).shape)
     shape = list(after.shape[:after.dim() - trailing]) + padded_shape[len(padded_shape) - trailing:]
     with graph.inserting_before(pad):
@@ -220,4 +214,4 @@ def _hoist_pad(graph: torch.fx.Graph, pad: torch.fx.Node) -> bool:
     pad.replace_all_uses_with(back)
     graph.erase_node(pad)
     graph.erase_node(view)
-    return True
+    return 1
