@@ -295,6 +295,52 @@ def test_a_padded_output_keeps_its_padding_when_its_kernel_comes_from_the_compil
         assert compilation_of(compiled).graphs[0].cache["status"] == status
 
 
+def test_cross_entropy_backward_is_one_pointwise_kernel_without_a_pass_summing_its_one_hot_rows():
+    """log-softmax's backward sums the one-hot gradient over each row; that sum is the one element
+    it picks, so the backward kernel no longer reduces (GPT-2: a pass over 4096 x 50257 elements)."""
+    def loss(logits, target):
+        return F.cross_entropy(logits.float(), target)
+
+    logits = torch.randn(8, 50, dtype=torch.bfloat16, requires_grad=True)
+    target = torch.randint(0, 50, (8,))
+    target[2] = -100                                    # ignore_index: a row with no one-hot element
+    expected = torch.autograd.grad(loss(logits, target), logits)[0]
+    compiled = compile_with_plan(loss, "training")
+    got = torch.autograd.grad(compiled(logits, target), logits)[0]
+    assert compare(expected, got) is None
+    backward = next(r for r in compilation_of(compiled).graphs if r.role == "backward")
+    (row_kernel,) = [k for k in backward.contents["kernels"] if k["domain"] == ["8", "50"]]
+    assert row_kernel["kind"] == "pointwise" and "aten.sum" not in row_kernel["ops"]
+
+
+@settings(deadline=None, max_examples=30, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(1, 4), st.integers(2, 9), st.integers(0, 1), st.booleans(),
+       st.sampled_from(["row", "scalar", "none", "inf"]), st.sampled_from(["scalar", "row"]))
+def test_sums_of_one_hot_rows_in_closed_form_match_eager(rows, n, dim, keepdim, weight, value):
+    """Random one-hot sums along either axis: indices in and out of range, a weight per line, a
+    scalar, none, or infinite (the skipped elements' 0 * inf makes eager's sum NaN)."""
+    shape = [rows, n] if dim == 1 else [n, rows]
+    line = [rows, 1] if dim == 1 else [1, rows]
+    index = torch.randint(-2, n + 2, line)
+    w = {"row": torch.randn(line), "scalar": torch.tensor(1.5), "none": None,
+         "inf": torch.full(line, float("inf"))}[weight]
+    v = torch.tensor(-1.0) if value == "scalar" else torch.randn(line)
+
+    def one_hot_sum(index, v, w):
+        ramp = torch.arange(n).view([n, 1] if dim == 0 else [n])
+        hot = torch.where(ramp == index, v, torch.zeros(shape))
+        return (hot if w is None else hot * w).sum(dim, keepdim=keepdim)
+
+    torch._dynamo.reset()
+    # constant-fold would turn the ramp into a stored constant, which is then no ramp to match
+    plan = {"extends": "cpu-inference", "options": {"constant-fold": {"max_bytes": 1}}}
+    compiled = compile_with_plan(one_hot_sum, plan)
+    with torch.no_grad():
+        assert compare(one_hot_sum(index, v, w), compiled(index, v, w)) is None
+    notes = [n["message"] for r in compilation_of(compiled).graphs for n in r.notes]
+    assert "1 sum(s) of one-hot rows computed in closed form" in notes
+
+
 def test_a_clone_to_a_rank_specific_layout_is_not_moved_across_a_reshape():
     def f(x):
         y = x.contiguous(memory_format=torch.channels_last)

@@ -196,9 +196,9 @@ def test_a_hand_written_arange_one_hot_is_one_kernel(backend):
 
 
 def test_generated_triton_kernels_compile_for_sm90():
-    """The ramp and fill code compiles for the H200 (no GPU needed): a looped cross-entropy
-    backward over a row longer than one tile, and one-hot scatters along a leading axis in fp16
-    and int64 with a NaN fill."""
+    """The ramp and fill code compiles for the H200 (no GPU needed): a cross-entropy backward, a
+    looped row reduction of a one-hot mask over a row longer than one tile, and one-hot scatters
+    along a leading axis in fp16 and int64 with a NaN fill."""
     needs_interpreter()
     from passes.codegen.triton_runtime import compile_all_for_sm90
 
@@ -208,8 +208,12 @@ def test_generated_triton_kernels_compile_for_sm90():
     def integer(x, index):
         return torch.scatter(torch.zeros_like(x), 0, index, 3) * x
 
+    def picked_rows(x, index):       # the mask times a full-size x: no closed form, a looped row sum
+        return (torch.zeros_like(x).scatter(1, index, 1.0) * x).sum(1)
+
     logits, labels = ce_inputs(2, 9000)
     records = [backward_record(TRAINING_TRITON, cross_entropy, logits, labels),
+               run(TRITON, picked_rows, torch.randn(2, 9000), torch.randint(0, 9000, (2, 1))),
                run(TRITON, leading, torch.randn(6, 5, 3).half(), torch.randint(0, 6, (1, 5, 3))),
                run(TRITON, integer, torch.randint(-9, 9, (6, 5)), torch.randint(0, 6, (1, 5)))]
     sources = [k["source"] for r in records for k in r.contents["kernels"]]

@@ -24,6 +24,7 @@ from .canonicalize import FUSION_DECOMPOSITIONS
 from .choices import FusionChoices
 from .legality import Group, can_grow, classify, creates_cycle, merge_problem, shape_problem, sources_only
 from .gathers import sink_gathers
+from .onehot import sum_one_hots
 from .views import hoist_pads, move_views
 
 
@@ -34,6 +35,9 @@ class FuseOptions:
     move_views: bool = option(True, "Move reshapes across elementwise nodes so the elementwise work "
                                     "joins the kernel on the other side, and end pads above reshapes so "
                                     "they become a kernel's padded output (see passes/fuse/views.py).")
+    sum_one_hots: bool = option(True, "Compute sum(where(iota == index, value, 0) * weight) along the ramp's "
+                                      "axis as the one element it picks, instead of a pass over every row "
+                                      "(cross-entropy's backward; see passes/fuse/onehot.py).")
     sink_gathers: bool = option(True, "Compute gather(f(x), dim, index) of an elementwise f as "
                                       "f(gather(x, dim, index)) when f's other operands are constant along "
                                       "dim, so the full f(x) is not written (cross-entropy's log-probabilities; "
@@ -47,7 +51,7 @@ class Fuse(Pass):
 
     name = "fuse"
     Options = FuseOptions
-    version = "5"
+    version = "6"
     requires = frozenset({"functional", "aten"})
     provides = frozenset({"fused"})
     Choices = FusionChoices
@@ -64,6 +68,12 @@ class Fuse(Pass):
                              topic="fusion")
         with torch.no_grad():
             graph = compat.retrace(graph, context.example_inputs, decompositions=FUSION_DECOMPOSITIONS)
+        if self.options.sum_one_hots:
+            summed = sum_one_hots(graph)
+            if summed:
+                context.note(f"{summed} sum(s) of one-hot rows computed in closed form", topic="fusion")
+                with torch.no_grad():
+                    graph = compat.retrace(graph, context.example_inputs)
         graph.graph.eliminate_dead_code()  # unused outputs of rewritten reductions never become kernels
         graph.recompile()
         groups = self.form_groups(graph, context)
