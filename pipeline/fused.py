@@ -65,8 +65,8 @@ def end_padding(node: torch.fx.Node) -> tuple[list[tuple[int, int, int]], Any] |
         return None
     if not all(isinstance(p, int) for p in pad) or any(pad[0::2]) or min(pad[1::2], default=0) < 0:
         return None
-    if not isinstance(value, (int, float, bool)):
-        return None
+    if not isinstance(value, (int, float, bool)) or not all(isinstance(d, int) for d in source.shape):
+        return None     # a symbolic size: no static padded layout
     regions = [(source.dim() - 1 - k, int(source.shape[source.dim() - 1 - k]), pad[2 * k + 1])
                for k in range(len(pad) // 2) if pad[2 * k + 1]]
     return regions, value
