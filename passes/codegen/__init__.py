@@ -145,7 +145,7 @@ class Codegen(Pass):
 
     name = "codegen"
     Options = CodegenOptions
-    version = "3"
+    version = "4"
     requires = frozenset({"fused"})
     provides = frozenset({"codegen"})
 

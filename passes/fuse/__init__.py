@@ -60,7 +60,7 @@ class Fuse(Pass):
         if self.options.move_views:
             moved = move_views(graph) + hoist_pads(graph)
             if moved:
-                context.note(f"moved {moved} elementwise node(s) across reshapes", topic="fusion")
+                context.note(f"moved {moved} node(s) across reshapes", topic="fusion")
         if self.options.sink_gathers:
             sunk = sink_gathers(graph)
             if sunk:
