@@ -75,7 +75,7 @@ def _match(node: torch.fx.Node):
     if not isinstance(source, torch.fx.Node) or dims is None or len(dims) != 1:
         return None
     rows = meta_of(source)
-    if not isinstance(rows, torch.Tensor) or not rows.dtype.is_floating_point:
+    if not isinstance(rows, torch.Tensor) or not rows.dtype.is_floating_point or rows.dim() == 0:
         return None
     dim = dims[0] % rows.dim()
     n = rows.shape[dim]
