@@ -59,8 +59,7 @@ def end_padding(node: torch.fx.Node) -> tuple[list[tuple[int, int, int]], Any] |
     if node.op != "call_function" or packet_name(node.target) != PAD:
         return None
     source = meta_of(node.args[0])
-    pad = list(node.args[1])
-    value = node.args[2] if len(node.args) > 2 else node.kwargs.get("value", 0)
+    pad, value = _pad_arguments(node)
     if not isinstance(source, torch.Tensor) or len(pad) % 2 or len(pad) // 2 > source.dim():
         return None
     if not all(isinstance(p, int) for p in pad) or any(pad[0::2]) or min(pad[1::2], default=0) < 0:
@@ -70,6 +69,11 @@ def end_padding(node: torch.fx.Node) -> tuple[list[tuple[int, int, int]], Any] |
     regions = [(source.dim() - 1 - k, int(source.shape[source.dim() - 1 - k]), pad[2 * k + 1])
                for k in range(len(pad) // 2) if pad[2 * k + 1]]
     return regions, value
+
+
+def _pad_arguments(node: torch.fx.Node) -> tuple[list, Any]:
+    """``constant_pad_nd``'s pad list and fill value."""
+    return list(node.args[1]), (node.args[2] if len(node.args) > 2 else node.kwargs.get("value", 0))
 
 
 def output_fills(group: "FusedGroup", shapes: list) -> list[tuple[int, list, Any]]:
@@ -82,8 +86,7 @@ def output_fills(group: "FusedGroup", shapes: list) -> list[tuple[int, list, Any
     for k, node in enumerate(output.args[0]):
         if not (isinstance(node, torch.fx.Node) and node.op == "call_function" and packet_name(node.target) == PAD):
             continue
-        pad = list(node.args[1])
-        value = node.args[2] if len(node.args) > 2 else node.kwargs.get("value", 0)
+        pad, value = _pad_arguments(node)
         rank = len(shapes[k])
         regions = [(rank - 1 - j, shapes[k][rank - 1 - j] - pad[2 * j + 1], pad[2 * j + 1])
                    for j in range(len(pad) // 2) if pad[2 * j + 1]]

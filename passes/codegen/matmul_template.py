@@ -138,6 +138,7 @@ def find_site(node: torch.fx.Node) -> tuple[Site | None, str]:
 
 
 def _group_outputs(group: FusedGroup) -> list:
+    """The nodes ``group``'s subgraph returns, in output order."""
     return list(next(n for n in group.subgraph.graph.nodes if n.op == "output").args[0])
 
 
@@ -257,7 +258,7 @@ def install(graph: torch.fx.GraphModule, site: Site, chosen: TritonSource, direc
     """Point the epilogue's node at the template kernel (taking the combined group's inputs) and
     drop the matmul node."""
     path, _ = write_source(chosen.source, directory, persistent=persistent)
-    outputs = [n for n in next(n for n in site.group.subgraph.graph.nodes if n.op == "output").args[0]]
+    outputs = _group_outputs(site.group)
     kernel = MatmulTemplateKernel(site.group, chosen, load_module(path), path,
                                   [meta_of(v) for v in site.inputs], [meta_of(n) for n in outputs])
     site.epilogue.target = kernel
@@ -342,7 +343,7 @@ def decide(site: Site, configs: list[TemplateConfig], sources: list[TritonSource
 
     from .triton_autotune import random_like
     start = time.perf_counter()
-    outputs = [n for n in next(n for n in site.group.subgraph.graph.nodes if n.op == "output").args[0]]
+    outputs = _group_outputs(site.group)
     timings: list[dict] = []
     with torch.cuda.device(device):
         tensors = [random_like(meta_of(v), device) for v in site.inputs]
