@@ -53,6 +53,26 @@ def single_pass_statistics(source: str) -> str | None:
     return source.replace(divided.group(0), f"{divided.group(1)} = ({total} / {divided.group(2)}) - {mean} * {mean}")
 
 
+def looped_rows(source: str, rows: int) -> str | None:
+    """The kernel with each program looping over rows ``pid, pid + P, ...`` (``P`` programs,
+    the ``PROGRAMS`` constexpr) in a ``tl.range`` that Triton software-pipelines with ``STAGES``
+    stages: the next row's loads are in flight while this row reduces. None when the source does
+    not have the expected persistent-reduction shape."""
+    lines = source.splitlines()
+    try:
+        start = next(i for i, line in enumerate(lines) if line.startswith("    xo = tl.program_id(0)"))
+        end = next(i for i in range(start, len(lines)) if not lines[i].startswith("    "))
+    except StopIteration:
+        return None
+    signature = lines[start - 1].replace("RBLOCK: tl.constexpr)",
+                                         "RBLOCK: tl.constexpr, PROGRAMS: tl.constexpr, STAGES: tl.constexpr)")
+    body = [line for line in lines[start + 1:end] if line.strip()]
+    loop = [f"    for row in tl.range(tl.program_id(0), {rows}, PROGRAMS, num_stages=STAGES):",
+            "        xo = row + tl.arange(0, XBLOCK)[:, None]"] + ["    " + line for line in body if "rr = " not in line]
+    rr = next(line for line in body if "rr = " in line)
+    return "\n".join(lines[:start - 1] + [signature, rr] + loop + lines[end:]) + "\n"
+
+
 def cuda_ms(fn, iters: int = 200) -> float:
     for _ in range(10):
         fn()
@@ -118,9 +138,26 @@ def main() -> int:
         timed("single-pass mean/var, XBLOCK=2 w8", load(single, "single2"), 2, 8)
     copy_only = re.sub(r"tl\.store\((\w+) \+ \((.*)\), .*\)\n", r"tl.store(\1 + (\2), t1.to(tl.bfloat16))\n", source)
     copy_only = "\n".join(line for line in copy_only.splitlines()
-                          if not line.strip().startswith(("v_", "a_", "t2", "t3")))
+                          if not re.match(r"\s*([va]\d+_\w* =|t[23] =)", line))
     timed("load+store only, XBLOCK=1 w4", load(copy_only, "copy"), 1, 4)
     timed("load+store only, XBLOCK=2 w8", load(copy_only, "copy2"), 2, 8)
+    looped = looped_rows(source, rows)
+    if looped is None:
+        lines.append("looped-rows variant: the generated source did not have the expected shape")
+    else:
+        module = load(looped, "looped")
+        for programs in (132 * 4, 132 * 8, 132 * 16):
+            for stages in (1, 2, 3):
+                for warps in (4, 8):
+                    label = f"rows looped, {programs} programs, {stages} stages, w{warps}"
+                    try:
+                        ms = cuda_ms(lambda: module.KERNEL[(programs,)](x, w, b, out, XBLOCK=1, RBLOCK=cols,
+                                                                        PROGRAMS=programs, STAGES=stages,
+                                                                        num_warps=warps))
+                    except Exception as exc:  # noqa: BLE001 - a probe line, not a crash
+                        lines.append(f"{label:45s} failed: {type(exc).__name__}: {str(exc)[:120]}")
+                        continue
+                    lines.append(f"{label:45s} {ms:.4f} ms  {copy_ms / ms * 100:5.1f} % of copy bw")
     inductor = torch.compile(layer_norm_gelu_residual)
     with torch.no_grad():
         inductor(x, w, b)

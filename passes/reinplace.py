@@ -17,6 +17,9 @@ that replaces it: the innermost functional write becomes its in-place form on a 
 ``slice_scatter`` nodes disappear (their value *is* the input now), a scatter whose source was not
 computed in place becomes a ``copy_`` into just the view it covers, and the write-back goes away.
 
+Separately, a functional write whose input is a buffer allocated just for it (``index_put`` of
+``zeros``: the embedding gradient) is done in place, skipping the copy of the whole buffer.
+
 It works on whole chains: if one write of an input cannot be done in place (an old version is read
 later, two writes branch from one version, an output aliases the buffer), that input keeps its
 functional form and the report says why. Place it late (after ``fuse``): later passes must not move
@@ -66,7 +69,7 @@ class Reinplace(Pass):
 
     name = "reinplace"
     Options = NoOptions
-    version = "1"
+    version = "2"
     requires = frozenset({"aten"})
     invalidates = frozenset({"functional"})
     uses_fuel = True
@@ -92,7 +95,32 @@ class Reinplace(Pass):
             context.note(f"{root.name}: {len(steps)} write(s) in place, no whole-buffer copy")
         if done:
             _drop_unused_views(graph.graph)
+        fresh = _write_fresh_buffers_in_place(graph.graph, context.use_fuel)
+        if fresh:
+            context.note(f"{fresh} write(s) into a buffer made just for them done in place, without copying it")
         return finish(graph)
+
+
+# Factories whose result is a new buffer nothing else refers to.
+_ALLOCATIONS = {"aten.full", "aten.zeros", "aten.empty", "aten.empty_strided", "aten.new_zeros",
+                "aten.new_full", "aten.new_empty", "aten.ones"}
+
+
+def _write_fresh_buffers_in_place(graph: torch.fx.Graph, use_fuel) -> int:
+    """``index_put(full(...), ...)`` and the other functional writes whose input is a freshly
+    allocated buffer read by nothing else (as in the embedding gradient, ``index_put`` of
+    ``zeros``) become their in-place form: the functional form copies the whole buffer first."""
+    done = 0
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target not in _IN_PLACE or node.target is aten.copy.default:
+            continue
+        buffer = node.args[0]
+        if (isinstance(buffer, torch.fx.Node) and buffer.op == "call_function"
+                and packet_name(buffer.target) in _ALLOCATIONS and len(buffer.users) == 1
+                and not has_side_effects(buffer) and use_fuel(f"write {node.name} into {buffer.name} in place")):
+            node.target = _IN_PLACE[node.target]
+            done += 1
+    return done
 
 
 def _is_writeback(node: torch.fx.Node) -> bool:

@@ -407,3 +407,15 @@ def test_a_sibling_that_would_broadcast_a_reductions_consumer_stays_out_of_its_g
     record = compiled_record(f, torch.randn(2, 16, 8), torch.rand(1, 16, 1) > 0.5, torch.tensor(0.0))
     assert record.contents["eager_groups"] == []
     assert record.kernels >= 1
+
+
+def test_a_fill_read_by_two_kernels_is_computed_inside_each():
+    """A constant that two kernels read (split by a matmul) is made in each kernel's registers,
+    not by an ATen call on every run (a device allocation and a launch) nor loaded from memory."""
+    def f(x, w):
+        half = torch.full((), 0.5)
+        return torch.sigmoid(torch.relu(x) * half @ w) + half
+
+    record = compiled_record(f, torch.randn(8, 16), torch.randn(16, 4))
+    assert record.kernels == 2
+    assert not any("full" in op or "scalar_tensor" in op for op in record.contents["extern_calls"])

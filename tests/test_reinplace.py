@@ -101,3 +101,18 @@ def test_reinplace_preserves_semantics_with_writes_into_inputs(case):
 @given(graphs(dtypes=(torch.float32,), input_mutation=True, input_mutation_weight=6, max_ops=10))
 def test_default_plan_preserves_writes_into_inputs(case):
     assert_preserves_semantics("default", case)
+
+
+def test_an_index_put_into_a_fresh_zero_buffer_writes_it_in_place():
+    """The embedding gradient: index_put(zeros, [ids], grads, accumulate) is done in place in
+    the zeros, instead of first copying the whole zero buffer."""
+    def embedding_grad(ids, grads):
+        return torch.zeros(50, 8).index_put([ids], grads, accumulate=True) * 2
+
+    ids, grads = torch.randint(0, 50, (4, 6)), torch.randn(4, 6, 8)
+    compiled = compile_with_plan(embedding_grad, "default")
+    torch.testing.assert_close(compiled(ids, grads), embedding_grad(ids, grads))
+    code = final_code(compiled)
+    assert "index_put_" in code and "index_put(" not in code.replace("index_put_(", "")
+    notes = [n["message"] for r in compilation_of(compiled).graphs for n in r.notes if n["pass"] == "reinplace"]
+    assert any("1 write(s) into a buffer made just for them" in n for n in notes), notes

@@ -145,7 +145,7 @@ class Codegen(Pass):
 
     name = "codegen"
     Options = CodegenOptions
-    version = "4"
+    version = "5"
     requires = frozenset({"fused"})
     provides = frozenset({"codegen"})
 

@@ -73,7 +73,11 @@ def _fresh(node: torch.fx.Node) -> bool:
         return isinstance(source, torch.fx.Node) and source.op == "call_function" \
             and not _is_list_view(source) and not _is_view_op(source.target)
     if isinstance(node.target, torch._ops.OpOverload):
-        return all(r.alias_info is None for r in node.target._schema.returns)
+        returns = node.target._schema.returns
+        if len(returns) == 1 and returns[0].alias_info is not None and returns[0].alias_info.is_write:
+            # an in-place write returns its first argument: as fresh as that is
+            return isinstance(node.args[0], torch.fx.Node) and _fresh(node.args[0])
+        return all(r.alias_info is None for r in returns)
     return isinstance(node.target, CompiledKernel)
 
 

@@ -20,7 +20,7 @@ from pipeline import Pass, PassContext, option, positive
 from pipeline import compat
 from pipeline.fused import FusedGroup, end_padding, meta_of, reduction_axes
 
-from .canonicalize import FUSION_DECOMPOSITIONS
+from .canonicalize import FUSION_DECOMPOSITIONS, fold_lone_scalar_fills, split_shared_sources
 from .choices import FusionChoices
 from .legality import Group, can_grow, classify, creates_cycle, merge_problem, shape_problem, sources_only
 from .gathers import sink_gathers
@@ -51,7 +51,7 @@ class Fuse(Pass):
 
     name = "fuse"
     Options = FuseOptions
-    version = "6"
+    version = "7"
     requires = frozenset({"functional", "aten"})
     provides = frozenset({"fused"})
     Choices = FusionChoices
@@ -76,6 +76,9 @@ class Fuse(Pass):
                     graph = compat.retrace(graph, context.example_inputs)
         graph.graph.eliminate_dead_code()  # unused outputs of rewritten reductions never become kernels
         graph.recompile()
+        copies = split_shared_sources(graph, lambda user: classify(user)[0] not in (None, "reshape"))
+        if copies:
+            context.note(f"{copies} fill(s)/ramp(s) copied into each kernel that reads them", topic="fusion")
         groups = self.form_groups(graph, context)
         kept = [g for g in groups if any(classify(n)[0] != "reshape" for n in g.nodes) and not sources_only(g)]
         if not kept:
@@ -83,7 +86,11 @@ class Fuse(Pass):
             return graph
         context.note(f"{len(kept)} fused group(s) from "
                      f"{sum(len(g.nodes) for g in kept)} nodes", topic="fusion")
-        return rebuild(graph, kept)
+        graph = rebuild(graph, kept)
+        folded = fold_lone_scalar_fills(graph)
+        if folded:
+            context.note(f"{folded} one-element fill(s) outside kernels stored as constants", topic="fusion")
+        return graph
 
     def form_groups(self, graph: torch.fx.GraphModule, context: PassContext) -> list[Group]:
         choices = self.Choices(self.options.max_group_size)

@@ -134,3 +134,64 @@ FUSION_DECOMPOSITIONS = {
     aten.scatter.value: scatter_value,
     aten.scatter.src: scatter_src,
 }
+
+
+def split_shared_sources(graph, fusable) -> int:
+    """Give every fusable user of a fill or an index ramp (a node that reads no tensor) its own
+    copy of it, so each consumer's kernel computes the value in registers instead of one user's
+    kernel absorbing it and the others reading it from memory, or an ATen call making it on the
+    device every call. Users that cannot fuse share the original. ``fusable(node)`` says whether a
+    user can fuse. Returns the number of copies made."""
+    from pipeline.fused import SOURCES, packet_name
+    made = 0
+    for node in list(graph.graph.nodes):
+        if node.op != "call_function" or packet_name(node.target) not in SOURCES or len(node.users) < 2:
+            continue
+        if node.all_input_nodes:
+            continue
+        users = list(node.users)
+        keep_original = [u for u in users if not fusable(u)]
+        copied = [u for u in users if fusable(u)]
+        if not keep_original:
+            copied = copied[1:]         # the original goes to the first fusable user
+        for user in copied:
+            with graph.graph.inserting_before(user):
+                copy = graph.graph.call_function(node.target, node.args, dict(node.kwargs))
+            copy.meta = dict(node.meta)
+            user.replace_input_with(node, copy)
+            made += 1
+    if made:
+        graph.recompile()
+    return made
+
+
+def fold_lone_scalar_fills(graph) -> int:
+    """Replace each one-element fill that no kernel absorbed (it feeds extern calls, or kernels
+    that take it as an input) by a stored constant: as an ATen call it would allocate on the
+    device and launch a fill on every run. Fills the graph returns stay calls, since the caller
+    may write into what it gets. Returns the number folded."""
+    from pipeline.fused import CONSTANTS, constant_value, meta_of, packet_name
+    output = next(n for n in graph.graph.nodes if n.op == "output")
+    returned = set(output.all_input_nodes)
+    folded = 0
+    for node in list(graph.graph.nodes):
+        if node.op != "call_function" or packet_name(node.target) not in CONSTANTS or node in returned:
+            continue
+        value = meta_of(node)
+        if not isinstance(value, torch.Tensor) or value.numel() != 1 or \
+                not all(type(s) is int for s in value.shape):
+            continue
+        name = f"_fill_{folded}_{node.name}"
+        while hasattr(graph, name):
+            name += "_"
+        graph.register_buffer(name, torch.full(tuple(value.shape), constant_value(node), dtype=value.dtype,
+                                               device=value.device))
+        with graph.graph.inserting_before(node):
+            constant = graph.graph.get_attr(name)
+        constant.meta = dict(node.meta)
+        node.replace_all_uses_with(constant)
+        graph.graph.erase_node(node)
+        folded += 1
+    if folded:
+        graph.recompile()
+    return folded
