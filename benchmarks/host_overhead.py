@@ -7,7 +7,8 @@ directly, next to Inductor's in the same process:
 
 - ``phases``: the GPT-2 train step (train_suite's sizes) split into zero_grad, forward (the
   compiled call under autocast), backward and optimizer, in host ms per step. Every step starts on
-  an idle GPU (synchronized), so the host never waits on a full launch queue.
+  an idle GPU (synchronized); ``backward_idle`` is the backward's host time when it too starts on
+  an idle GPU (above ``backward``: the host waited for the GPU during the backward).
 - ``launch``: host µs per call of tiny compiled functions (a pointwise chain and a row softmax),
   where the kernel is negligible and the call's host path is everything, plus its pieces
   (``torch.empty_strided`` on the device, our kernel object's call alone).
@@ -36,8 +37,10 @@ from pipeline import compile_with_plan  # noqa: E402
 def phase_times(compiled, model: torch.nn.Module, ids: torch.Tensor, steps: int = 30) -> dict[str, float]:
     """Median host ms per phase of a train step (each step starts on an idle GPU)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    samples: dict[str, list[float]] = {"zero_grad": [], "forward": [], "backward": [], "optimizer": [], "step": []}
-    for i in range(steps + 3):
+    samples: dict[str, list[float]] = {"zero_grad": [], "forward": [], "backward": [], "optimizer": [], "step": [],
+                                       "backward_idle": []}
+    for i in range(2 * steps + 3):
+        idle = i % 2 == 1          # every other step: the backward starts on an idle GPU
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
@@ -45,6 +48,14 @@ def phase_times(compiled, model: torch.nn.Module, ids: torch.Tensor, steps: int 
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = compiled(ids)
         t2 = time.perf_counter()
+        if idle:
+            torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            loss.backward()
+            if i >= 3:
+                samples["backward_idle"].append((time.perf_counter() - t2) * 1e3)
+            optimizer.step()
+            continue
         loss.backward()
         t3 = time.perf_counter()
         optimizer.step()
@@ -55,6 +66,57 @@ def phase_times(compiled, model: torch.nn.Module, ids: torch.Tensor, steps: int 
                 samples[key].append((b - a) * 1e3)
     torch.cuda.synchronize()
     return {key: statistics.median(v) for key, v in samples.items()}
+
+
+def trace_table(compiled, model: torch.nn.Module, ids: torch.Tensor, out: str | None, label: str,
+                rows: int = 45) -> str:
+    """One profiled step (host and CUDA activity): host self time per event name, the driver and
+    runtime launch calls (a long one waits on a full launch queue), and the GPU's idle time."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = compiled(ids)
+        with torch.profiler.record_function("## backward"):
+            loss.backward()
+        optimizer.step()
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    host = sorted((e for e in events if e.self_cpu_time_total > 0), key=lambda e: -e.self_cpu_time_total)
+    lines = [f"== {label}: host self time per step by event (us), count per step"]
+    for e in host[:rows]:
+        lines.append(f"   {e.self_cpu_time_total / 3:9.1f} {e.count / 3:7.1f}  {e.key[:90]}")
+    kernels = sorted((k for k in prof.events() if k.device_type == torch.autograd.DeviceType.CUDA
+                      and k.time_range.elapsed_us() > 0), key=lambda k: k.time_range.start)
+    if kernels:
+        busy, end = 0.0, kernels[0].time_range.start
+        for k in kernels:
+            start = max(k.time_range.start, end)
+            if k.time_range.end > start:
+                busy += k.time_range.end - start
+            end = max(end, k.time_range.end)
+        span = kernels[-1].time_range.end - kernels[0].time_range.start
+        lines.append(f"   GPU span {span / 3 / 1e3:.2f} ms/step, busy {busy / 3 / 1e3:.2f}, idle {(span - busy) / 3 / 1e3:.2f}")
+    launches = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU
+                and ("LaunchKernel" in e.name or "cuLaunch" in e.name)]
+    if launches:
+        durations = sorted(e.time_range.elapsed_us() for e in launches)
+        lines.append(f"   launch calls {len(launches) / 3:.0f}/step: median {durations[len(durations) // 2]:.1f} us, "
+                     f"p99 {durations[int(len(durations) * 0.99)]:.1f} us, max {durations[-1]:.1f} us, "
+                     f"sum {sum(durations) / 3 / 1e3:.2f} ms/step")
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(Path(out) / f"trace-{label.replace(':', '-')}.json"))
+    return "\n".join(lines)
 
 
 def host_us(fn, calls: int = 2000) -> float:
@@ -114,6 +176,8 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--skip", default="", help="variants left out: eager, inductor, launch")
     parser.add_argument("--plans", default="training", help="our plans, comma-separated")
+    parser.add_argument("--trace", action="store_true", help="also profile one step per variant (host events, "
+                        "launch calls, GPU idle time) and save Chrome traces under --out")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     skip = set(args.skip.split(","))
@@ -134,9 +198,14 @@ def main() -> int:
         if label.split(":")[0] in skip:
             continue
         model = copy.deepcopy(initial)
-        times = phase_times(make(model), model, ids)
+        compiled = make(model)
+        times = phase_times(compiled, model, ids)
         result["phases_ms"][label] = times
         print(f"  {label:28s} " + "  ".join(f"{k} {v:6.2f}" for k, v in times.items()), flush=True)
+        if args.trace:
+            text = trace_table(compiled, model, ids, args.out, label)
+            result.setdefault("trace", {})[label] = text
+            print(text, flush=True)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "host-overhead.json").write_text(json.dumps(result, indent=1))

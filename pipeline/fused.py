@@ -9,7 +9,7 @@ levels: *full* (shape ``S``) or *outer* (the reduced shape, with or without kept
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import attrs
 import torch
@@ -329,6 +329,21 @@ def numel(shape: tuple) -> Any:
     return math.prod(shape) if shape else 1
 
 
+def output_buffers(outputs: list, inputs: tuple, donors: tuple, reuse: tuple, allocate: Callable) -> tuple:
+    """A kernel's output tensors: per output ``(shape, stride, dtype)``, the buffer the host code
+    handed it (``reuse[k]``, a dead tensor of that layout), else the input it donated
+    (``inputs[donors[k]]``), else ``allocate(shape, stride, dtype)``."""
+    outs = []
+    for k, (shape, stride, dtype) in enumerate(outputs):
+        if reuse and reuse[k] is not None:
+            outs.append(reuse[k])
+        elif donors and donors[k] >= 0:
+            outs.append(inputs[donors[k]])
+        else:
+            outs.append(allocate(shape, stride, dtype))
+    return tuple(outs)
+
+
 class CompiledKernel:
     """Base of the objects ``codegen`` backends put in place of a :class:`FusedGroup`: callable
     with the group's inputs, returning the group's outputs, with readable generated source.
@@ -341,6 +356,10 @@ class CompiledKernel:
     #: ``inputs[donors[k]]``. Backends say so for their pointwise kernels, see
     #: :meth:`writes_inputs_safely`; the generated host code passes donors only where it may.
     in_place_capable: bool = False
+    #: Whether the kernel's call takes ``reuse=(tensor or None, ...)``: per output, a dead buffer
+    #: of exactly that output's layout to write into instead of allocating (the generated host
+    #: code passes one where a tensor died before the call, see passes/codegen/host.py).
+    accepts_reuse: bool = False
 
     def __init__(self, group: FusedGroup, source: str):
         self.group = group

@@ -127,3 +127,36 @@ def test_a_buffer_whose_alias_is_read_later_is_not_written_into():
     out, record = run(f, args)
     assert compare(f(*args), out) is None
     assert "donors=" not in record.final_code
+
+
+def two_reductions_after_matmuls(x, w1, w2):
+    """Two row-softmaxes of the same shape, each after a matmul: the first softmax's input (the
+    first matmul's result) is dead by the second softmax, whose output takes its buffer."""
+    a = torch.softmax(x @ w1, dim=-1)
+    b = torch.softmax(a @ w2, dim=-1)
+    return b
+
+
+def test_a_kernel_writes_into_the_buffer_of_a_tensor_that_died_before_it():
+    args = (torch.randn(8, 16), torch.randn(16, 16), torch.randn(16, 16))
+    out, record = run(two_reductions_after_matmuls, args)
+    assert compare(two_reductions_after_matmuls(*args), out) is None
+    assert "reuse=(" in record.final_code
+    out, record = run(two_reductions_after_matmuls, args, reuse_buffers=False)
+    assert compare(two_reductions_after_matmuls(*args), out) is None
+    assert "reuse=" not in record.final_code
+
+
+def test_a_dead_buffer_whose_alias_is_still_read_is_not_reused():
+    def f(x, w1, w2):
+        y = x @ w1
+        head = y.view(2, 4, 16)[0]       # an alias of y read at the end
+        a = torch.softmax(y, dim=-1)
+        b = torch.softmax(a @ w2, dim=-1)
+        return b, head.sum(-1)
+
+    args = (torch.randn(8, 16), torch.randn(16, 16), torch.randn(16, 16))
+    out, record = run(f, args)
+    assert compare(f(*args), out) is None
+    reused = [line.split("reuse=(")[1].split(")")[0] for line in record.final_code.splitlines() if "reuse=(" in line]
+    assert reused and not any(name.strip().startswith("mm") for r in reused for name in r.split(",")), reused

@@ -25,13 +25,13 @@ import torch
 import torch.fx
 
 from pipeline import Pass, PassContext, non_negative, option
-from pipeline.fused import CompiledKernel, FusedGroup, fill_padding, meta_of, output_fills
+from pipeline.fused import CompiledKernel, FusedGroup, fill_padding, meta_of, output_buffers, output_fills
 from pipeline.graph_io import Codec, UnsupportedGraph
 from pipeline.loops import UnsupportedGroup, analyze
 
 from .cpp_build import build
 from .cpp_source import kernel_source, module_source
-from .host import fold_views, lower_linear, to_host_module
+from .host import fold_views, lower_linear, reuse_buffers, to_host_module
 
 
 @attrs.frozen
@@ -50,6 +50,9 @@ class CodegenOptions:
     lower_linear: bool = option(
         True, "Call aten.linear for addmm/mm of a transposed 2-D weight (the same ATen kernel, one call "
               "instead of two).")
+    reuse_buffers: bool = option(
+        True, "A generated kernel writes an output into the buffer of a tensor that died before the call "
+              "with the same layout, instead of allocating one (fewer allocator calls per run).")
     host_code: bool = option(
         True, "Run the graph through our generated host source, which calls ATen entry points and kernel "
               "launchers directly (off: FX's generated code).")
@@ -82,13 +85,13 @@ class CppKernel(CompiledKernel):
         self.library_path = library_path
 
     in_place_capable = True     # a pointwise loop loads in[i] before it stores out[i]
+    accepts_reuse = True
 
-    def __call__(self, *inputs: torch.Tensor, donors: tuple = ()) -> tuple:
+    def __call__(self, *inputs: torch.Tensor, donors: tuple = (), reuse: tuple = ()) -> tuple:
         if tuple(map(_stride, inputs)) != self.in_strides or tuple(map(_dtype, inputs)) != self.in_dtypes \
                 or not all(map(_is_cpu, inputs)):
             return self.group(*inputs)
-        outs = tuple(inputs[donors[k]] if donors and donors[k] >= 0 else torch.empty_strided(shape, stride, dtype=dtype)
-                     for k, (shape, stride, dtype) in enumerate(self.outputs))
+        outs = output_buffers(self.outputs, inputs, donors, reuse, _empty_cpu)
         if self.fills:
             fill_padding(outs, self.fills)
         self.function(*[t.data_ptr() for t in inputs], *[o.data_ptr() for o in outs])
@@ -137,6 +140,11 @@ def _bind_function(library: ctypes.CDLL, name: str, arguments: int):
 
 _stride = torch.Tensor.stride
 _is_cpu = operator.attrgetter("is_cpu")
+
+
+def _empty_cpu(shape: tuple, stride: tuple, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty_strided(shape, stride, dtype=dtype)
+
 _dtype = operator.attrgetter("dtype")
 
 
@@ -171,6 +179,10 @@ class Codegen(Pass):
             lowered = lower_linear(graph)
             if lowered:
                 context.note(f"host: {lowered} addmm/mm of a transposed weight call aten.linear")
+        if self.options.reuse_buffers:
+            reused = reuse_buffers(graph)
+            if reused:
+                context.note(f"host: {reused} kernel output(s) written into buffers of tensors that died earlier")
         if self.options.host_code:
             graph = to_host_module(graph)
         return graph

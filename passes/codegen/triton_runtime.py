@@ -33,7 +33,7 @@ import torch.fx
 
 from pipeline import compat
 from pipeline.errors import PipelineError
-from pipeline.fused import CompiledKernel, FusedGroup, fill_padding, meta_of, output_fills
+from pipeline.fused import CompiledKernel, FusedGroup, fill_padding, meta_of, output_buffers, output_fills
 from pipeline.loops import UnsupportedGroup, analyze
 
 from .cpp_build import cache_dir as _cache_dir
@@ -187,38 +187,48 @@ class TritonKernel(CompiledKernel):
         return self.generated.name
 
     in_place_capable = True     # a pointwise program loads its block before it stores it
+    accepts_reuse = True
 
-    def __call__(self, *inputs: torch.Tensor, donors: tuple = ()) -> tuple:
+    def __call__(self, *inputs: torch.Tensor, donors: tuple = (), reuse: tuple = ()) -> tuple:
         fast = self._fast
         if fast is not None and inputs and tuple(map(_stride, inputs)) == self.in_strides \
-                and inputs[0].get_device() == fast[0] == fast[1]() and _aligned(inputs, fast[12]):
-            _, current, empty, compiled, run, function, metadata, stream, grid, tail, enter, leave, _, direct = fast
-            if donors:
-                outs = tuple([inputs[donors[k]] if donors[k] >= 0 else empty(shape, stride, dtype)
-                              for k, (shape, stride, dtype) in enumerate(self.outputs)])
-            else:
-                outs = tuple([empty(shape, stride, dtype) for shape, stride, dtype in self.outputs])
-            if self.fills:
-                fill_padding(outs, self.fills)
-            raw_stream = stream(fast[0])
-            if enter.calls or leave.calls:      # launch hooks (profilers): give them what Triton gives
-                run(*grid, raw_stream, function, metadata,
-                    compiled.launch_metadata(grid, raw_stream, *inputs, *outs, *tail), enter, leave,
-                    *inputs, *outs, *tail)
-            else:
-                direct[0](*grid, raw_stream, *direct[1], *inputs, *outs, *tail)
-            return outs
-        return self._call(inputs, donors)
+                and inputs[0].get_device() == fast[0] == fast[1]():
+            pointers = list(map(_data_ptr, inputs))
+            bits = 0
+            for i in fast[12]:
+                bits |= pointers[i]
+            if not bits & 15:
+                return self._launch_direct(fast, inputs, pointers, donors, reuse)
+        return self._call(inputs, donors, reuse)
 
-    def _call(self, inputs: tuple, donors: tuple = ()) -> tuple:
+    def _launch_direct(self, fast: tuple, inputs: tuple, pointers: list, donors: tuple, reuse: tuple) -> tuple:
+        """The fast path: allocate the outputs and call the compiled kernel's launcher with raw
+        pointers (ints: Triton's launcher then skips its per-pointer ``data_ptr()`` call and
+        driver query, which the checks in :meth:`__call__` make unnecessary)."""
+        _, current, empty, compiled, run, function, metadata, stream, grid, tail, enter, leave, _, direct = fast
+        if donors or reuse:
+            outs = output_buffers(self.outputs, inputs, donors, reuse, empty)
+        else:
+            outs = tuple([empty(shape, stride, dtype) for shape, stride, dtype in self.outputs])
+        if self.fills:
+            fill_padding(outs, self.fills)
+        raw_stream = stream(fast[0])
+        if enter.calls or leave.calls:      # launch hooks (profilers): give them what Triton gives
+            run(*grid, raw_stream, function, metadata,
+                compiled.launch_metadata(grid, raw_stream, *inputs, *outs, *tail), enter, leave,
+                *inputs, *outs, *tail)
+        else:
+            direct[0](*grid, raw_stream, *direct[1], *pointers, *map(_data_ptr, outs), *tail)
+        return outs
+
+    def _call(self, inputs: tuple, donors: tuple = (), reuse: tuple = ()) -> tuple:
         """First launches, other devices, unexpected strides (eager), CPU tensors (interpreter)."""
         for tensor, strides in zip(inputs, self.in_strides):
             if tensor.stride() != strides or tensor.device.type != self.device.type:
                 return self.group(*inputs)
         device = inputs[0].device if inputs else self.device
-        outs = tuple(inputs[donors[k]] if donors and donors[k] >= 0
-                     else torch.empty_strided(shape, stride, dtype=dtype, device=device)
-                     for k, (shape, stride, dtype) in enumerate(self.outputs))
+        outs = output_buffers(self.outputs, inputs, donors, reuse,
+                              lambda shape, stride, dtype: torch.empty_strided(shape, stride, dtype=dtype, device=device))
         if self.fills:
             fill_padding(outs, self.fills)
         if self.empty:
@@ -307,14 +317,7 @@ def _direct_launch(compiled: Any) -> tuple:
 
 
 _stride = torch.Tensor.stride
-
-
-def _aligned(inputs: tuple, indices: tuple) -> bool:
-    """The inputs at ``indices`` start on 16-byte boundaries."""
-    bits = 0
-    for i in indices:
-        bits |= inputs[i].data_ptr()
-    return not bits & 15
+_data_ptr = torch.Tensor.data_ptr
 
 
 def generate(graph: torch.fx.GraphModule, context: Any, *, emulate_precision: bool,
