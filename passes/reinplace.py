@@ -13,7 +13,7 @@ into the input::
 Run as written, each step copies the buffer (a KV cache of 600 MB, per layer). This pass turns such
 a chain back into in-place writes when nothing reads an old version of the buffer after the write
 that replaces it: the innermost functional write becomes its in-place form on a view of the input
-(``index_copy_``, ``index_put_``, ``scatter_``, ``copy_``), the enclosing ``select_scatter`` /
+(``index_copy_``, ``index_put_``, ``index_add_``, ``scatter_``, ``copy_``), the enclosing ``select_scatter`` /
 ``slice_scatter`` nodes disappear (their value *is* the input now), a scatter whose source was not
 computed in place becomes a ``copy_`` into just the view it covers, and the write-back goes away.
 
@@ -44,6 +44,7 @@ aten = torch.ops.aten
 _IN_PLACE = {
     aten.index_copy.default: aten.index_copy_.default,
     aten.index_put.default: aten.index_put_.default,
+    aten.index_add.default: aten.index_add_.default,
     aten.scatter.src: aten.scatter_.src,
     aten.scatter.value: aten.scatter_.value,
     aten.copy.default: aten.copy_.default,

@@ -419,3 +419,44 @@ def test_a_fill_read_by_two_kernels_is_computed_inside_each():
     record = compiled_record(f, torch.randn(8, 16), torch.randn(16, 4))
     assert record.kernels == 2
     assert not any("full" in op or "scalar_tensor" in op for op in record.contents["extern_calls"])
+
+
+def bias_gradients(dy1, dy2, x):
+    """Two column sums of unrelated tensors (a backward's bias gradients) and a row sum."""
+    return dy1.sum(0), (dy2 * 2).sum(0), x.sum(1)
+
+
+def test_independent_reductions_over_one_domain_become_one_kernel():
+    args = (torch.randn(64, 32), torch.randn(64, 32), torch.randn(64, 32))
+    record = compiled_record(bias_gradients, *args)
+    assert record.kernels == 2          # both column sums in one kernel; the row sum reduces other axes
+
+
+def test_horizontal_fusion_can_be_turned_off():
+    args = (torch.randn(64, 32), torch.randn(64, 32), torch.randn(64, 32))
+    compiled = compile_with_plan(bias_gradients, "cpu-inference", options={"fuse": {"horizontal": False}})
+    with torch.no_grad():
+        assert compare(bias_gradients(*args), compiled(*args)) is None
+    assert compilation_of(compiled).graphs[0].kernels == 3
+
+
+def test_a_reduction_that_depends_on_another_through_a_matmul_stays_apart():
+    """Merging would make the kernel wait for a matmul that waits for the kernel."""
+    def f(x, w, y):
+        s = x.sum(0, keepdim=True)
+        return s, (y + s @ w).sum(0)
+
+    record = compiled_record(f, torch.randn(16, 8), torch.randn(8, 8), torch.randn(16, 8))
+    assert record.kernels == 2
+
+
+@pytest.mark.parametrize("index", [torch.tensor([[3, -1, 3], [0, -5, 4]]), torch.tensor([2, 2, 2, 2])],
+                         ids=["negative-and-repeated", "all-equal"])
+def test_accumulating_index_puts_as_index_adds_match_eager(index):
+    """index_put(x, [idx], v, accumulate=True) becomes index_add with negative indices wrapped."""
+    def f(x, idx, v):
+        return x.index_put([idx], v * 2, accumulate=True)
+
+    x, v = torch.randn(5, 3), torch.randn(*index.shape, 3)
+    record = compiled_record(f, x, index, v)
+    assert "index_add" in record.final_code and "index_put" not in record.final_code

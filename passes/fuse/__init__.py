@@ -22,7 +22,8 @@ from pipeline.fused import FusedGroup, end_padding, meta_of, reduction_axes
 
 from .canonicalize import FUSION_DECOMPOSITIONS, fold_lone_scalar_fills, split_shared_sources
 from .choices import FusionChoices
-from .legality import Group, can_grow, classify, creates_cycle, merge_problem, shape_problem, sources_only
+from .legality import (Group, can_grow, classify, creates_cycle, independent_merge_problem, merge_problem,
+                       shape_problem, sources_only)
 from .gathers import sink_gathers
 from .onehot import sum_one_hots
 from .views import hoist_pads, move_views
@@ -35,6 +36,10 @@ class FuseOptions:
     move_views: bool = option(True, "Move reshapes across elementwise nodes so the elementwise work "
                                     "joins the kernel on the other side, and end pads above reshapes so "
                                     "they become a kernel's padded output (see passes/fuse/views.py).")
+    horizontal: bool = option(True, "Horizontal fusion: merge sibling groups that read the same input where they "
+                                    "meet again, and a reduction into the reduction group formed just before it "
+                                    "when both iterate the same domain and neither depends on the other (one "
+                                    "launch for a layer's bias-gradient sums).")
     sum_one_hots: bool = option(True, "Compute sum(where(iota == index, value, 0) * weight) along the ramp's "
                                       "axis as the one element it picks, instead of a pass over every row "
                                       "(cross-entropy's backward; see passes/fuse/onehot.py).")
@@ -51,7 +56,7 @@ class Fuse(Pass):
 
     name = "fuse"
     Options = FuseOptions
-    version = "7"
+    version = "8"
     requires = frozenset({"functional", "aten"})
     provides = frozenset({"fused"})
     Choices = FusionChoices
@@ -145,7 +150,8 @@ class Fuse(Pass):
                     best.domain = tuple(meta_of(node).shape)
                 best.add(node, reduced)
                 group_of[node] = best
-                self._merge_siblings(best, node, group_of, depends_on, order, note)
+                if self.options.horizontal:
+                    self._merge_siblings(best, node, group_of, depends_on, order, note)
             elif kind != "reshape":
                 if kind == "reduction":
                     source = meta_of(node.args[0])
@@ -155,7 +161,27 @@ class Fuse(Pass):
                 groups.append(group)
                 group_of[node] = group
             depends_on[node] = frozenset(deps)
+        if self.options.horizontal:
+            self._merge_independent(groups, group_of, depends_on, order, choices, note)
         return [g for g in groups if g.nodes]
+
+    @staticmethod
+    def _merge_independent(groups: list[Group], group_of: dict, depends_on: dict, order: dict,
+                           choices: FusionChoices, note) -> None:
+        """Merge each reduction group into the reduction group formed just before it, where legal
+        (:func:`independent_merge_problem`) and wanted (``choices.merge_independent``)."""
+        previous = None
+        for group in groups:
+            if not group.nodes or not group.reduced:
+                continue
+            if previous is not None:
+                problem = independent_merge_problem(previous, group, depends_on)
+                if problem is None and choices.merge_independent(previous, group):
+                    _absorb(previous, group, group_of, depends_on, order)
+                    continue
+                if problem is not None and problem != "different domains or reduced axes":
+                    note(f"group {group.id} not merged into group {previous.id}: {problem}")
+            previous = group
 
     @staticmethod
     def _merge_siblings(target: Group, node: torch.fx.Node, group_of: dict, depends_on: dict,
@@ -170,12 +196,17 @@ class Fuse(Pass):
             if problem:
                 note(f"group {other.id} not merged into group {target.id} at {node.name}: {problem}")
                 continue
-            for member in other.nodes:
-                group_of[member] = target
-            for key, value in list(depends_on.items()):
-                if other.id in value:
-                    depends_on[key] = (value - {other.id}) | {target.id}
-            target.merge(other, order)
+            _absorb(target, other, group_of, depends_on, order)
+
+
+def _absorb(target: Group, other: Group, group_of: dict, depends_on: dict, order: dict) -> None:
+    """Move ``other``'s nodes into ``target``; whatever depended on ``other`` now depends on it."""
+    for member in other.nodes:
+        group_of[member] = target
+    for key, value in list(depends_on.items()):
+        if other.id in value:
+            depends_on[key] = (value - {other.id}) | {target.id}
+    target.merge(other, order)
 
 
 def output_pad_group(node: torch.fx.Node, group_of: dict, depends_on: dict) -> Group | None:

@@ -4,6 +4,7 @@
   plain sum/amax/amin/argmax/argmin/prod;
 - ``full_like`` of a contiguous result becomes ``full`` (no longer reading, or keeping alive,
   the tensor it copies the shape of);
+- an accumulating ``index_put`` along dim 0 (the embedding gradient) becomes ``index_add``;
 - a *one-hot* scatter (one index per line along ``dim``) becomes a pointwise
   ``where(iota == index, value, self)`` that fuses with its fill and its consumers, as the
   backward of cross-entropy's ``gather`` needs (Inductor does the same)."""
@@ -125,6 +126,22 @@ def scatter_src(x, dim, index, src):
     return torch.where(_hits(x, dim, index), src, x)
 
 
+def index_put_accumulate(x, indices, values, accumulate=False):
+    """``index_put(x, [idx], v, accumulate=True)`` with one integer index tensor along dim 0 and no
+    broadcasting of ``v`` (the embedding gradient) as ``index_add(x, 0, idx, v)``: one kernel of
+    atomic adds where CUDA's index_put sorts the indices first (several launches, and 0.1 ms of
+    host time per call). Negative indices wrap as index_put wraps them (a select that fuses
+    into whatever kernel computes the index); index_add's own CUDA path takes care of
+    deterministic mode."""
+    if not accumulate or len(indices) != 1 or indices[0] is None or x.dim() == 0:
+        return NotImplemented
+    index = indices[0]
+    if index.dtype not in (torch.int32, torch.int64) or tuple(values.shape) != tuple(index.shape) + tuple(x.shape[1:]):
+        return NotImplemented
+    flat = torch.where(index < 0, index + x.shape[0], index).reshape(-1)
+    return torch.index_add(x, 0, flat, values.reshape(-1, *x.shape[1:]))
+
+
 FUSION_DECOMPOSITIONS = {
     aten.mean.dim: mean_dim,
     aten.mean.default: mean_all,
@@ -133,6 +150,7 @@ FUSION_DECOMPOSITIONS = {
     aten.full_like.default: full_like,
     aten.scatter.value: scatter_value,
     aten.scatter.src: scatter_src,
+    aten.index_put.default: index_put_accumulate,
 }
 
 

@@ -32,3 +32,9 @@ class FusionChoices:
             if arg in group.members and isinstance(value, torch.Tensor):
                 saved += 2 * value.numel() * value.element_size()
         return FusionScore(bytes_saved=saved, reason=f"keeps {saved} intermediate bytes in registers")
+
+    def merge_independent(self, first, second) -> bool:
+        """Whether two reductions over the same domain that share no value should be one kernel:
+        one launch instead of two (the bias and norm-weight gradient sums of a transformer's
+        backward), while the merged group stays within the size limit."""
+        return len(first.nodes) + len(second.nodes) <= self.max_group_size

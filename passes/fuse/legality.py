@@ -183,6 +183,26 @@ def merge_problem(target: Group, other: Group, node: torch.fx.Node, depends_on: 
     return None
 
 
+def _outside_inputs(group: Group) -> set:
+    return {a for n in group.nodes for a in n.all_input_nodes if a not in group.members}
+
+
+def independent_merge_problem(first: Group, second: Group, depends_on: dict) -> str | None:
+    """Why two reductions that share no value cannot become one kernel (None if they can): they
+    must iterate the same domain, reduce the same axes on the same device, and neither may depend
+    on the other (then the merged kernel can run where the later one would)."""
+    if not first.reduced or not second.reduced:
+        return "not two reductions"
+    if first.device != second.device:
+        return "different devices"
+    if tuple(first.domain) != tuple(second.domain) or tuple(first.reduced) != tuple(second.reduced):
+        return "different domains or reduced axes"
+    for a, b in ((first, second), (second, first)):
+        if any(a.id in depends_on.get(arg, ()) or arg in a.members for arg in _outside_inputs(b)):
+            return f"group {b.id} depends on group {a.id}"
+    return None
+
+
 def creates_cycle(group: Group, node: torch.fx.Node, depends_on: dict) -> str | None:
     """A node may not join a group if one of its other inputs depends on the group."""
     for arg in node.all_input_nodes:
