@@ -89,7 +89,7 @@ def test_a_graphs_kernels_compile_on_worker_threads_before_their_first_launch(ma
     monkeypatch.setattr(triton.compiler, "compile", recording)
 
     def f(x, y):   # constants no other test uses: kernels of their own
-        return (x * 1.8125).sin() + y.softmax(-1), (y - 0.4375).relu().sum(-1)
+        return (x * 1.8125).sin() + y.softmax(-1), (y - 0.4375).relu().sum(0)
 
     compiled = compile_with_plan(f, "default")
     x, y = torch.randn(64, 512, device="cuda"), torch.randn(64, 512, device="cuda")
