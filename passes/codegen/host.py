@@ -424,6 +424,17 @@ def reuse_buffers(gm: torch.fx.GraphModule) -> int:
     return reused
 
 
+def drop_reuse(gm: torch.fx.GraphModule) -> bool:
+    """Remove every kernel's ``reuse=`` (a pass that rewrites kernel calls re-plans afterwards with
+    :func:`reuse_buffers`); True when there was one."""
+    dropped = False
+    for node in gm.graph.nodes:
+        if "reuse" in node.kwargs:
+            node.kwargs = {k: v for k, v in node.kwargs.items() if k != "reuse"}
+            dropped = True
+    return dropped
+
+
 def _writes_in_place(user: torch.fx.Node, value: torch.fx.Node) -> bool:
     """``user`` is an ATen operator writing into ``value`` (its result then lives in that storage)."""
     target = user.target

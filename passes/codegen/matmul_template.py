@@ -44,7 +44,7 @@ from pipeline import Pass, PassContext, non_negative, option, positive
 from pipeline.fused import CompiledKernel, FusedGroup, meta_of, output_fills, packet_name
 from pipeline.loops import UnsupportedGroup
 
-from .host import FAST_BINDINGS
+from .host import FAST_BINDINGS, drop_reuse, reuse_buffers
 from .matmul_template_source import MATMULS, RESHAPES, TemplateConfig, TemplatePlan, candidate_configs, template_plan, \
     template_source
 from .triton_runtime import TritonKernel, interpreter_problem, interpreting, kernel_dir, load_module, \
@@ -186,7 +186,7 @@ class MatmulTemplate(Pass):
 
     name = "matmul-template"
     Options = MatmulTemplateOptions
-    version = "1"
+    version = "2"
     requires = frozenset({"codegen"})
     provides = frozenset({"matmul-template"})
     uses_fuel = True
@@ -195,6 +195,16 @@ class MatmulTemplate(Pass):
         options = self.options
         if options.choose == "never":
             return graph
+        # codegen's buffer reuse ties dead matmul results to later kernels: plan it again afterwards
+        replan = drop_reuse(graph)
+        try:
+            return self._rewrite(graph, context)
+        finally:
+            if replan and not reuse_buffers(graph):
+                graph.recompile()
+
+    def _rewrite(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
+        options = self.options
         sites = []
         for node in list(graph.graph.nodes):
             if node.op != "call_function" or packet_name(node.target) not in MATMULS:
