@@ -17,16 +17,11 @@ import attrs
 import torch
 import torch.fx
 
-from pipeline import Pass, PassContext, option, positive
+from pipeline import Pass, PassContext, device_types, option, positive
 from pipeline.fused import meta_of
 from pipeline.ir import finish
 
 aten = torch.ops.aten
-
-
-def _devices_known(values: list[str]) -> str | None:
-    bad = [v for v in values if v not in ("cpu", "cuda")]
-    return f"unknown device(s) {bad}; use cpu or cuda" if bad else None
 
 
 @attrs.frozen
@@ -35,7 +30,7 @@ class PadMmOptions:
                                 "many elements.", check=positive)
     min_size: int = option(1024, "Only pad matmuls whose N (or K) is at least this large.", check=positive)
     devices: list[str] = option(["cuda"], "Devices whose matmuls are padded (cuBLAS is what needs it).",
-                                check=_devices_known)
+                                check=device_types)
 
 
 def _pad_amount(size, multiple: int) -> int:

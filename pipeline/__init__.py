@@ -15,7 +15,7 @@ from .errors import (ExpectationError, GraphBreakError, PassFailure, PipelineErr
 from .graph_pass import (CaptureContext, CapturePass, Fuel, GraphCompiler, JointGraph, Pass, PassContext,
                          SplitPass)
 from .hooks import hookimpl, hookspec
-from .options import NoOptions, non_negative, option, positive
+from .options import NoOptions, device_types, non_negative, option, positive
 from .plan import CacheSettings, Expectations, PassSpec, Plan, load_plan
 from .registry import get_registry, register_plugin, reload_registry, unregister_plugin
 from .api import compilation_of, compile_with_plan, plan_of
@@ -33,7 +33,7 @@ __all__ = [
     "compile_with_plan", "compilation_of", "plan_of", "load_plan",
     "Plan", "PassSpec", "CacheSettings", "Expectations",
     "Pass", "CapturePass", "SplitPass", "JointGraph", "PassContext", "CaptureContext", "GraphCompiler",
-    "hookimpl", "hookspec", "option", "positive", "non_negative", "NoOptions",
+    "hookimpl", "hookspec", "option", "positive", "non_negative", "device_types", "NoOptions",
     "get_registry", "reload_registry", "register_plugin", "unregister_plugin",
     "PipelineError", "PlanError", "RegistrationError", "PassFailure", "VerificationError",
     "GraphBreakError", "RecompileError", "ExpectationError", "ShapeError",

@@ -43,6 +43,12 @@ def non_negative(value: Any) -> str | None:
     return None if value is None or value >= 0 else f"must be 0 or more, got {value!r}"
 
 
+def device_types(values: Any) -> str | None:
+    """Check for options listing device types (``cpu``, ``cuda``)."""
+    bad = [v for v in values or () if v not in ("cpu", "cuda")]
+    return f"unknown device(s) {bad}; use cpu or cuda" if bad else None
+
+
 @attrs.frozen
 class NoOptions:
     """For passes that take no options."""

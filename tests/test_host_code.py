@@ -139,10 +139,14 @@ def two_reductions_after_matmuls(x, w1, w2):
 
 def test_a_kernel_writes_into_the_buffer_of_a_tensor_that_died_before_it():
     args = (torch.randn(8, 16), torch.randn(16, 16), torch.randn(16, 16))
-    out, record = run(two_reductions_after_matmuls, args)
+    out, record = run(two_reductions_after_matmuls, args, reuse_buffers=["cpu"])
     assert compare(two_reductions_after_matmuls(*args), out) is None
     assert "reuse=(" in record.final_code
-    out, record = run(two_reductions_after_matmuls, args, reuse_buffers=False)
+
+
+def test_buffer_reuse_is_for_cuda_tensors_by_default():
+    args = (torch.randn(8, 16), torch.randn(16, 16), torch.randn(16, 16))
+    out, record = run(two_reductions_after_matmuls, args)
     assert compare(two_reductions_after_matmuls(*args), out) is None
     assert "reuse=" not in record.final_code
 
@@ -156,7 +160,7 @@ def test_a_dead_buffer_whose_alias_is_still_read_is_not_reused():
         return b, head.sum(-1)
 
     args = (torch.randn(8, 16), torch.randn(16, 16), torch.randn(16, 16))
-    out, record = run(f, args)
+    out, record = run(f, args, reuse_buffers=["cpu"])
     assert compare(f(*args), out) is None
     reused = [line.split("reuse=(")[1].split(")")[0] for line in record.final_code.splitlines() if "reuse=(" in line]
     assert reused and not any(name.strip().startswith("mm") for r in reused for name in r.split(",")), reused

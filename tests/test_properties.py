@@ -61,6 +61,15 @@ def test_cpp_codegen_preserves_semantics(case):
     assert_preserves_semantics("codegen", case)
 
 
+@settings(FAST, max_examples=25)
+@given(graphs(dtypes=MIXED, max_ops=12, max_dim=9))
+def test_cpp_codegen_with_buffer_reuse_preserves_semantics(case):
+    """Kernels writing into dead tensors' buffers (the host code's ``reuse=``, on by default for
+    CUDA tensors only) compute what eager does."""
+    from passes.codegen import Codegen, CodegenOptions
+    assert_preserves_semantics(Codegen(CodegenOptions(reuse_buffers=["cpu"])), case)
+
+
 @settings(FAST, max_examples=15)
 @given(graphs(dtypes=(torch.float32,), mutation=True, input_mutation=True, max_ops=8))
 def test_capture_with_the_debug_plan_preserves_semantics(case):

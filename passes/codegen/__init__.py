@@ -24,7 +24,7 @@ import attrs
 import torch
 import torch.fx
 
-from pipeline import Pass, PassContext, non_negative, option
+from pipeline import Pass, PassContext, device_types, non_negative, option
 from pipeline.fused import CompiledKernel, FusedGroup, fill_padding, meta_of, output_buffers, output_fills
 from pipeline.graph_io import Codec, UnsupportedGraph
 from pipeline.loops import UnsupportedGroup, analyze
@@ -50,9 +50,11 @@ class CodegenOptions:
     lower_linear: bool = option(
         True, "Call aten.linear for addmm/mm of a transposed 2-D weight (the same ATen kernel, one call "
               "instead of two).")
-    reuse_buffers: bool = option(
-        True, "A generated kernel writes an output into the buffer of a tensor that died before the call "
-              "with the same layout, instead of allocating one (fewer allocator calls per run).")
+    reuse_buffers: list[str] = option(
+        ["cuda"], "Devices where a generated kernel writes an output into the buffer of a tensor that died "
+                  "before the call with the same layout, instead of allocating one (fewer allocator calls "
+                  "per run; on the CPU malloc's recently freed blocks are warmer in cache, so not by default).",
+        check=device_types)
     host_code: bool = option(
         True, "Run the graph through our generated host source, which calls ATen entry points and kernel "
               "launchers directly (off: FX's generated code).")
@@ -153,7 +155,7 @@ class Codegen(Pass):
 
     name = "codegen"
     Options = CodegenOptions
-    version = "5"
+    version = "6"
     requires = frozenset({"fused"})
     provides = frozenset({"codegen"})
 
@@ -180,7 +182,7 @@ class Codegen(Pass):
             if lowered:
                 context.note(f"host: {lowered} addmm/mm of a transposed weight call aten.linear")
         if self.options.reuse_buffers:
-            reused = reuse_buffers(graph)
+            reused = reuse_buffers(graph, self.options.reuse_buffers)
             if reused:
                 context.note(f"host: {reused} kernel output(s) written into buffers of tensors that died earlier")
         if self.options.host_code:

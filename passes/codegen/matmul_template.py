@@ -200,7 +200,7 @@ class MatmulTemplate(Pass):
         try:
             return self._rewrite(graph, context)
         finally:
-            if replan and not reuse_buffers(graph):
+            if replan and not reuse_buffers(graph, replan):
                 graph.recompile()
 
     def _rewrite(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
