@@ -154,9 +154,9 @@ def launch_table() -> dict[str, dict[str, float]]:
         kernels = []
         original = TritonKernel.__call__
 
-        def spy(self, *inputs, donors=()):
+        def spy(self, *inputs, **launch):
             kernels.append((self, inputs))
-            return original(self, *inputs, donors=donors)
+            return original(self, *inputs, **launch)
         TritonKernel.__call__ = spy
         try:
             fresh = compile_with_plan(lambda v: fn(v) + 0.0, "default")   # a new graph binds the spy

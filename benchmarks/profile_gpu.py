@@ -105,8 +105,8 @@ def kernel_table(label: str, step, out: str | None, *, rows: int = 40) -> str:
     original = TritonKernel.__call__
     on = []
 
-    def recording(self, *inputs, donors=()):
-        outs = original(self, *inputs, donors=donors)
+    def recording(self, *inputs, **launch):
+        outs = original(self, *inputs, **launch)
         if on:
             tensors = [t for t in (*inputs, *outs) if isinstance(t, torch.Tensor)]
             moved[self.generated.name] += sum(_distinct_bytes(t) for t in tensors)
