@@ -1,17 +1,18 @@
 """Which calls of a compiled GPU step make the host wait for the GPU? (a GPU probe)
 
-    python benchmarks/sync_check.py [--layers 6] [--plans training] [--out DIR]
+    python benchmarks/sync_check.py [--plan training] [--out DIR]
 
 A host-bound step stays fast only while the host runs ahead of the GPU; any call that waits for
 the GPU (a device-to-host copy, ``.item()``, a host-to-device copy from pageable memory) drains
-the queue there and serializes the two. This runs one GPT-2 train step (train_suite's sizes) per
-variant under ``torch.cuda.set_sync_debug_mode("warn")`` and prints each synchronizing call once,
-with the innermost frames that led to it, plus a few single ATen operators of interest.
+the queue there and serializes the two. This runs one GPT-2 train step (train_suite's sizes;
+Inductor, and ``--plan`` with recompute-pointwise) under ``torch.cuda.set_sync_debug_mode("warn")``
+and prints each synchronizing call once, with the innermost frames that led to it, plus a few
+single ATen operators of interest. Calls made on the autograd engine's own thread (the backward)
+may escape the warning hook: the operator list is the reliable part.
 """
 from __future__ import annotations
 
 import argparse
-import copy
 import sys
 import traceback
 import warnings
@@ -21,9 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_suite import gpt2_train  # noqa: E402
-
-from pipeline import compile_with_plan  # noqa: E402
+from profile_gpu import train_variants  # noqa: E402
 
 
 def synchronizing_calls(fn) -> list[str]:
@@ -67,8 +66,7 @@ def operators() -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--layers", type=int, default=6)
-    parser.add_argument("--plans", default="training")
+    parser.add_argument("--plan", default="training")
     parser.add_argument("--skip", default="", help="variants left out: inductor, operators")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -79,25 +77,7 @@ def main() -> int:
             op()
             calls = synchronizing_calls(op)
             lines.append(f"== operator {name}: {'synchronizes' if calls else 'no synchronization'}")
-    torch.manual_seed(0)
-    initial = gpt2_train(layers=args.layers).cuda()
-    ids = torch.randint(0, 50257, (8, 512), device="cuda")
-    variants = [("inductor", torch.compile)] + [(f"ours:{p}", lambda m, p=p: compile_with_plan(m, p))
-                                                 for p in args.plans.split(",")]
-    for label, make in variants:
-        if label.split(":")[0] in skip:
-            continue
-        model = copy.deepcopy(initial)
-        compiled = make(model)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-
-        def step():
-            optimizer.zero_grad(set_to_none=True)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = compiled(ids)
-            loss.backward()
-            optimizer.step()
-
+    for label, step in train_variants(["recompute-pointwise"], skip | {"eager"}, args.plan):
         for _ in range(3):
             step()
         torch.cuda.synchronize()
