@@ -142,12 +142,11 @@ def _bind_function(library: ctypes.CDLL, name: str, arguments: int):
 
 _stride = torch.Tensor.stride
 _is_cpu = operator.attrgetter("is_cpu")
+_dtype = operator.attrgetter("dtype")
 
 
 def _empty_cpu(shape: tuple, stride: tuple, dtype: torch.dtype) -> torch.Tensor:
     return torch.empty_strided(shape, stride, dtype=dtype)
-
-_dtype = operator.attrgetter("dtype")
 
 
 class Codegen(Pass):

@@ -2,7 +2,10 @@
 
 Pointwise chains (with broadcasting and strided inputs) become one group; reductions join the
 pointwise nodes that feed them (prologue) and consume them (epilogue), so softmax, log_softmax,
-layer norm and RMS norm are one group each. Each group becomes one node calling a
+layer norm and RMS norm are one group each. With ``horizontal``, sibling groups that read one input
+merge where they meet again, and a reduction merges into the reduction group formed just before it
+when both iterate one domain and neither depends on the other (a backward's bias-gradient sums).
+Each group becomes one node calling a
 :class:`pipeline.fused.FusedGroup`, which runs the group eagerly until ``codegen`` gives it a kernel.
 Legality (legality.py) is separate from profitability (choices.py); every rejected candidate is
 recorded with its reason. A ``constant_pad_nd`` appending to trailing dims of a group's result that
