@@ -335,3 +335,27 @@ def test_a_cache_hit_runs_the_same_host_code_as_the_compile_that_stored_it(tmp_p
     assert any(k.endswith("(donors)") for k in kinds) and "reinterpret_tensor" in kinds, kinds
     assert host_lines(second) == kinds
     torch.testing.assert_close(out, expected)
+
+
+class DeadBuffers(torch.nn.Module):
+    """Two softmaxes after matmuls: the second softmax's output takes the first's dead input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w1 = torch.nn.Parameter(torch.randn(32, 32))
+        self.w2 = torch.nn.Parameter(torch.randn(32, 32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(torch.softmax(x @ self.w1, dim=-1) @ self.w2, dim=-1)
+
+
+def test_a_cache_hit_keeps_the_kernels_buffer_reuse(tmp_path):
+    """``reuse=`` is a graph edge decided with example values: the stored graph carries it."""
+    options = {"options": {"codegen": {"reuse_buffers": ["cpu"]}}}
+    first, _, _ = compile_and_call(tmp_path, DeadBuffers().eval(), **options)
+    second, out, expected = compile_and_call(tmp_path, DeadBuffers().eval(), **options)
+    assert only_graph(second).cache["status"] == "hit"
+    reuse = [line.split("reuse=")[1] for line in only_graph(first).final_code.splitlines() if "reuse=" in line]
+    assert reuse and reuse == [line.split("reuse=")[1] for line in only_graph(second).final_code.splitlines()
+                               if "reuse=" in line]
+    torch.testing.assert_close(out, expected)
