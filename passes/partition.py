@@ -14,7 +14,8 @@ Strategies:
   Inputs of the compiled region (parameters, the batch) cost nothing to keep: the caller holds
   them anyway. The recomputed ops land in the backward graph next to the ops that read them, so
   ``fuse`` puts them inside the backward's fused kernels (recomputing them costs no extra
-  memory traffic there). Random ops are never recomputed.
+  memory traffic there). Random ops are never recomputed, nor floating-point values an equality
+  compares (amax's backward): a recomputation is not always bit-identical.
 - ``min-cut``: torch's ``min_cut_rematerialization_partition`` (what Inductor uses).
 
 ``memory_budget`` limits the activation bytes (saved tensors that are not inputs of the compiled
@@ -44,6 +45,9 @@ _CHEAP |= {torch.ops.aten.transpose.int, torch.ops.aten.squeeze.dim, torch.ops.a
 # Walking back further than this many ops from one saved value is not a "chain" any more.
 _MAX_REGION = 48
 _CASTS = {torch.ops.aten._to_copy.default, torch.ops.prims.convert_element_type.default}
+# Comparisons that need bit-exact operands: max/amax backward tests which inputs equal the maximum.
+_EQUALITIES = {torch.ops.aten.eq.Tensor, torch.ops.aten.ne.Tensor, torch.ops.aten.eq.Scalar,
+               torch.ops.aten.ne.Scalar}
 
 
 def _positive_budget(value: Any) -> str | None:
@@ -75,7 +79,7 @@ class Partition(SplitPass):
 
     name = "partition"
     Options = PartitionOptions
-    version = "2"
+    version = "3"
     provides = frozenset({"partitioned"})
 
     def split(self, joint: JointGraph, context: PassContext) -> tuple[torch.fx.GraphModule,
@@ -223,7 +227,28 @@ def _cost(node: torch.fx.Node) -> int:
     return value_bytes(node.meta.get("val"))
 
 
-def _region(node: torch.fx.Node, saved: set) -> tuple[set, set] | None:
+def _compared_exactly(joint: JointGraph) -> set:
+    """Floating-point values (and views of them) an equality compares: they are saved, never
+    recomputed. A recomputed value is not always bit-identical to the forward's (a C++ loop may
+    vectorize differently and call libmvec's expf instead of libm's), and amax's backward compares
+    the input with the saved maximum: a mismatch there divides by a count of zero."""
+    compared = set()
+    for node in joint.module.graph.nodes:
+        if node.op != "call_function" or node.target not in _EQUALITIES:
+            continue
+        stack = [a for a in node.all_input_nodes]
+        while stack:
+            value = stack.pop()
+            meta = value.meta.get("val")
+            if value in compared or not isinstance(meta, torch.Tensor) or not meta.dtype.is_floating_point:
+                continue
+            compared.add(value)
+            if value.op == "call_function" and compat.is_view_op(value.target):
+                stack.extend(value.all_input_nodes)
+    return compared
+
+
+def _region(node: torch.fx.Node, saved: set, cheap=_is_cheap) -> tuple[set, set] | None:
     """The chain of cheap ops that makes ``node`` and the values it starts from (its frontier:
     inputs, values already saved, results of ops that are not cheap); None when it holds more
     than ``_MAX_REGION`` ops (a whole network of pointwise ops is not a chain worth redoing)."""
@@ -239,7 +264,7 @@ def _region(node: torch.fx.Node, saved: set) -> tuple[set, set] | None:
         for arg in current.all_input_nodes:
             if arg in region:
                 continue
-            if arg.op == "placeholder" or arg in saved or not _is_cheap(arg):
+            if arg.op == "placeholder" or arg in saved or not cheap(arg):
                 frontier.add(arg)
             else:
                 stack.append(arg)
@@ -265,14 +290,19 @@ def _choose_recomputed(joint: JointGraph, budget: float | None, context: PassCon
     limit = None if budget is None else (budget if budget > 1 else budget * full)
     recompute: set = set()
     order = {n: i for i, n in enumerate(joint.module.graph.nodes)}
-    candidates = sorted((n for n in saved if _is_cheap(n)), key=lambda n: (-_cost(n), order[n]))
+    exact = _compared_exactly(joint)
+
+    def cheap(node: torch.fx.Node) -> bool:
+        return _is_cheap(node) and node not in exact
+
+    candidates = sorted((n for n in saved if cheap(n)), key=lambda n: (-_cost(n), order[n]))
     chains = 0
     for candidate in candidates:
         if limit is not None and _activation_bytes(saved) <= limit:
             break
         if candidate not in saved:
             continue
-        found = _region(candidate, saved - {candidate})
+        found = _region(candidate, saved - {candidate}, cheap)
         if found is None:
             continue
         region, frontier = found
