@@ -403,6 +403,8 @@ def reuse_buffers(gm: torch.fx.GraphModule, devices: Any = ("cuda",)) -> int:
         if any(_writes_in_place(u, value) for u in value.users):
             continue
         frees_after.setdefault(max(order[user], alias_end.get(value, -1)), []).append(value)
+    donors_of = {n: _donors(n, last_use, order, roots, alias_end) or () for n in nodes
+                 if isinstance(n.target, CompiledKernel)}
     pool: dict[tuple, list] = {}
     reused = 0
     for node in nodes:
@@ -410,7 +412,7 @@ def reuse_buffers(gm: torch.fx.GraphModule, devices: Any = ("cuda",)) -> int:
         kernel = node.target
         if isinstance(kernel, CompiledKernel) and kernel.accepts_reuse and isinstance(values, tuple) \
                 and "reuse" not in node.kwargs:
-            donors = _donors(node, last_use, order, roots, alias_end) or ()
+            donors = donors_of[node]
             picks = []
             for k, value in enumerate(values):
                 candidates = pool.get(_layout_key(value)) if not (donors and donors[k] >= 0) else None
@@ -419,8 +421,9 @@ def reuse_buffers(gm: torch.fx.GraphModule, devices: Any = ("cuda",)) -> int:
                 node.kwargs = {**node.kwargs, "reuse": tuple(picks)}
                 reused += sum(p is not None for p in picks)
         for value in frees_after.get(order[node], ()):
-            if _donated(last_use[value], value, last_use, order, roots, alias_end):
-                continue
+            user = last_use[value]
+            if any(d >= 0 and user.args[d] is value for d in donors_of.get(user, ())):
+                continue                # its buffer became an output of the kernel that read it last
             pool.setdefault(_layout_key(meta_of(value)), []).append(value)
     if reused:
         gm.recompile()
@@ -445,13 +448,6 @@ def _writes_in_place(user: torch.fx.Node, value: torch.fx.Node) -> bool:
         return False
     returns = target._schema.returns
     return bool(returns) and returns[0].alias_info is not None and returns[0].alias_info.is_write
-
-
-def _donated(user: torch.fx.Node, value: torch.fx.Node, last_use: dict, order: dict, roots: dict,
-             alias_end: dict) -> bool:
-    """``value``'s buffer becomes an output of ``user``, the kernel that reads it last (a donor)."""
-    donors = _donors(user, last_use, order, roots, alias_end)
-    return bool(donors) and any(d >= 0 and user.args[d] is value for d in donors)
 
 
 def host_source(graph: torch.fx.Graph) -> tuple[str, dict[str, Any]]:
