@@ -450,6 +450,20 @@ def test_a_reduction_that_depends_on_another_through_a_matmul_stays_apart():
     assert record.kernels == 2
 
 
+def test_a_group_that_grows_a_dependency_is_not_joined_by_what_waits_for_it():
+    """``n`` joins exp's group and makes it wait for the sin group (through ``c``); ``m`` then may
+    not join the sin group, since ``m`` reads ``x2``, which waits for exp's group."""
+    def f(x, y, w):
+        a, b = x.exp(), y.sin()
+        x2, c = a @ w, b @ w
+        n = a + c
+        m = b * x2
+        return n, m
+
+    record = compiled_record(f, torch.randn(8, 8), torch.randn(8, 8), torch.randn(8, 8))
+    assert record.kernels >= 2
+
+
 @pytest.mark.parametrize("index", [torch.tensor([[3, -1, 3], [0, -5, 4]]), torch.tensor([2, 2, 2, 2])],
                          ids=["negative-and-repeated", "all-equal"])
 def test_accumulating_index_puts_as_index_adds_match_eager(index):

@@ -25,6 +25,7 @@ from pipeline.fused import FusedGroup, end_padding, meta_of, reduction_axes
 
 from .canonicalize import FUSION_DECOMPOSITIONS, fold_lone_scalar_fills, split_shared_sources
 from .choices import FusionChoices
+from .dependencies import Dependencies
 from .legality import (Group, can_grow, classify, creates_cycle, independent_merge_problem, merge_problem,
                        shape_problem, sources_only)
 from .gathers import sink_gathers
@@ -59,7 +60,7 @@ class Fuse(Pass):
 
     name = "fuse"
     Options = FuseOptions
-    version = "8"
+    version = "9"
     requires = frozenset({"functional", "aten"})
     provides = frozenset({"fused"})
     Choices = FusionChoices
@@ -103,7 +104,7 @@ class Fuse(Pass):
     def form_groups(self, graph: torch.fx.GraphModule, context: PassContext) -> list[Group]:
         choices = self.Choices(self.options.max_group_size)
         group_of: dict[torch.fx.Node, Group] = {}
-        depends_on: dict[torch.fx.Node, frozenset] = {}
+        depends_on = Dependencies()
         groups: list[Group] = []
         notes = 0
 
@@ -115,11 +116,7 @@ class Fuse(Pass):
 
         order = {n: i for i, n in enumerate(graph.graph.nodes)}
         for node in graph.graph.nodes:
-            deps = set()
-            for arg in node.all_input_nodes:
-                deps |= depends_on.get(arg, frozenset())
-                if arg in group_of:
-                    deps.add(group_of[arg].id)
+            depends_on.record(node, group_of)
             kind, why = classify(node)
             if kind == "reduction" and not self.options.reductions:
                 kind, why = None, "reductions are off (fuse.reductions: false)"
@@ -128,9 +125,9 @@ class Fuse(Pass):
                 if padded is not None:
                     padded.add(node, padded.reduced)
                     group_of[node] = padded
+                    depends_on.record(node, group_of)
                 elif node.op == "call_function":
                     note(f"{node.name}: not fused: {why}")
-                depends_on[node] = frozenset(deps)
                 continue
             best, best_score = None, None
             for arg in node.all_input_nodes:
@@ -153,6 +150,7 @@ class Fuse(Pass):
                     best.domain = tuple(meta_of(node).shape)
                 best.add(node, reduced)
                 group_of[node] = best
+                depends_on.record(node, group_of)
                 if self.options.horizontal:
                     self._merge_siblings(best, node, group_of, depends_on, order, note)
             elif kind != "reshape":
@@ -163,13 +161,13 @@ class Fuse(Pass):
                     group = Group(len(groups), node, tuple(meta_of(node).shape), ())
                 groups.append(group)
                 group_of[node] = group
-            depends_on[node] = frozenset(deps)
+                depends_on.record(node, group_of)
         if self.options.horizontal:
             self._merge_independent(groups, group_of, depends_on, order, choices, note)
         return [g for g in groups if g.nodes]
 
     @staticmethod
-    def _merge_independent(groups: list[Group], group_of: dict, depends_on: dict, order: dict,
+    def _merge_independent(groups: list[Group], group_of: dict, depends_on: Dependencies, order: dict,
                            choices: FusionChoices, note) -> None:
         """Merge each reduction group into the reduction group formed just before it, where legal
         (:func:`independent_merge_problem`) and wanted (``choices.merge_independent``)."""
@@ -187,7 +185,7 @@ class Fuse(Pass):
             previous = group
 
     @staticmethod
-    def _merge_siblings(target: Group, node: torch.fx.Node, group_of: dict, depends_on: dict,
+    def _merge_siblings(target: Group, node: torch.fx.Node, group_of: dict, depends_on: Dependencies,
                         order: dict, note) -> None:
         """Merge the other groups feeding ``node`` into ``target`` where legal (horizontal fusion
         of siblings that share inputs and meet again at ``node``)."""
@@ -202,17 +200,15 @@ class Fuse(Pass):
             _absorb(target, other, group_of, depends_on, order)
 
 
-def _absorb(target: Group, other: Group, group_of: dict, depends_on: dict, order: dict) -> None:
+def _absorb(target: Group, other: Group, group_of: dict, depends_on: Dependencies, order: dict) -> None:
     """Move ``other``'s nodes into ``target``; whatever depended on ``other`` now depends on it."""
     for member in other.nodes:
         group_of[member] = target
-    for key, value in list(depends_on.items()):
-        if other.id in value:
-            depends_on[key] = (value - {other.id}) | {target.id}
+    depends_on.merged(target.id, other.id)
     target.merge(other, order)
 
 
-def output_pad_group(node: torch.fx.Node, group_of: dict, depends_on: dict) -> Group | None:
+def output_pad_group(node: torch.fx.Node, group_of: dict, depends_on: Dependencies) -> Group | None:
     """The group that takes ``node`` as an output pad (:data:`pipeline.fused.PAD`), if any: a
     ``constant_pad_nd`` at the end of trailing dims of a contiguous full-domain value of a group
     that nothing else reads. Its kernel then writes that value straight into the padded buffer."""
@@ -280,6 +276,12 @@ def rebuild(graph: torch.fx.GraphModule, groups: list[Group]) -> torch.fx.GraphM
             if not remaining[user]:
                 ready.append(user)
                 ready.sort(key=lambda u: _first(u, order))
+    stuck = [u for u, d in remaining.items() if d]
+    if stuck or output_node is None:
+        names = ", ".join(f"group of {u.nodes[0].name}" if isinstance(u, Group) else u.name for u in stuck[:6])
+        raise RuntimeError(f"fuse formed groups with a cyclic dependency; no order runs {names}. "
+                           "This is a bug in fuse's legality checks: set fuse.horizontal: false or "
+                           "fuse.max_group_size: 1 for this graph and report it.")
     new_graph.node_copy(output_node, lambda n: env[n])
     return torch.fx.GraphModule(graph, new_graph)
 

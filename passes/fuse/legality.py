@@ -2,12 +2,17 @@
 Nothing here decides what *should* fuse: that is ``choices.py``."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
 from pipeline.fused import (CONSTANTS, IOTAS, POINTWISE, REDUCTIONS, UNIT_RESHAPES, group_levels, iota_of,
                            meta_of, packet_name, reduction_axes)
+
+if TYPE_CHECKING:
+    from .dependencies import Dependencies
 
 _SUPPORTED_DTYPES = {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8,
                      torch.int16, torch.int32, torch.int64, torch.bool}
@@ -152,7 +157,7 @@ def can_grow(group: Group, shape: tuple, node: torch.fx.Node | None) -> bool:
             and group.only_used_inside(node))
 
 
-def merge_problem(target: Group, other: Group, node: torch.fx.Node, depends_on: dict,
+def merge_problem(target: Group, other: Group, node: torch.fx.Node, depends_on: "Dependencies",
                   order: dict) -> str | None:
     """Why sibling group ``other`` cannot merge into ``target`` as ``node`` joins it (None if it can)."""
     from pipeline.fused import broadcasts_to
@@ -178,7 +183,7 @@ def merge_problem(target: Group, other: Group, node: torch.fx.Node, depends_on: 
     for a, b in ((other, target), (target, other)):
         for member in a.nodes:
             for arg in member.all_input_nodes:
-                if arg not in a.members and arg not in b.members and b.id in depends_on.get(arg, ()):
+                if arg not in a.members and arg not in b.members and depends_on.reaches(arg, b.id):
                     return f"{arg.name} depends on group {b.id} (merging would create a cycle)"
     return None
 
@@ -187,7 +192,7 @@ def _outside_inputs(group: Group) -> set:
     return {a for n in group.nodes for a in n.all_input_nodes if a not in group.members}
 
 
-def independent_merge_problem(first: Group, second: Group, depends_on: dict) -> str | None:
+def independent_merge_problem(first: Group, second: Group, depends_on: "Dependencies") -> str | None:
     """Why two reductions that share no value cannot become one kernel (None if they can): they
     must iterate the same domain, reduce the same axes on the same device, and neither may depend
     on the other (then the merged kernel can run where the later one would)."""
@@ -198,14 +203,15 @@ def independent_merge_problem(first: Group, second: Group, depends_on: dict) -> 
     if tuple(first.domain) != tuple(second.domain) or tuple(first.reduced) != tuple(second.reduced):
         return "different domains or reduced axes"
     for a, b in ((first, second), (second, first)):
-        if any(a.id in depends_on.get(arg, ()) or arg in a.members for arg in _outside_inputs(b)):
+        if any(arg in a.members or depends_on.reaches(arg, a.id) for arg in _outside_inputs(b)):
             return f"group {b.id} depends on group {a.id}"
     return None
 
 
-def creates_cycle(group: Group, node: torch.fx.Node, depends_on: dict) -> str | None:
-    """A node may not join a group if one of its other inputs depends on the group."""
+def creates_cycle(group: Group, node: torch.fx.Node, depends_on: "Dependencies") -> str | None:
+    """A node may not join a group if one of its other inputs depends on the group (transitively,
+    with groups as units: see dependencies.py)."""
     for arg in node.all_input_nodes:
-        if arg not in group.members and group.id in depends_on.get(arg, ()):
+        if arg not in group.members and depends_on.reaches(arg, group.id):
             return f"input {arg.name} depends on the group (fusing would create a cycle)"
     return None
