@@ -51,6 +51,7 @@ class LoopNest:
     outputs: list[tuple[torch.fx.Node, Access]]
     passes: int
     ramps: dict = attrs.field(factory=dict)     # index-ramp node -> Ramp (computed, never loaded)
+    pitch: object = None                        # a backend's padded-extent plan (Triton: triton_pitch.Pitch)
 
     @property
     def outer_axes(self) -> list[int]:

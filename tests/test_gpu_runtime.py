@@ -97,3 +97,32 @@ def test_a_graphs_kernels_compile_on_worker_threads_before_their_first_launch(ma
         assert compare(expected, actual) is None
     assert len(made) >= 2
     assert threads and all(name.startswith("triton-compile") for name in threads), threads
+
+
+def test_padded_rows_run_over_their_padded_extent_and_match_eager(made):
+    """GPT-2's logits layout (50257 of 50264, bf16): the pitched cross-entropy kernels match eager,
+    write the output pad's padding, and fall back to the exact kernel on a short storage."""
+    def statistics(x):
+        m = x.float().amax(-1, keepdim=True)
+        return m, (x.float() - m).exp().sum(-1, keepdim=True)
+
+    def gradient(x, m, s):
+        return torch.nn.functional.pad(((x.float() - m).exp() / s).to(x.dtype), (0, 7), value=1.5)
+
+    base = torch.randn(64, 50264, device="cuda", dtype=torch.bfloat16)
+    base[:, 50257:] = float("nan")
+    x = base[:, :50257]
+    compiled = compile_with_plan(statistics, "default")
+    for _ in range(2):
+        m, s = compiled(x)
+        assert compare(statistics(x), (m, s)) is None
+    backward = compile_with_plan(gradient, "default")
+    for _ in range(2):
+        out = backward(x, m, s)
+        assert compare(gradient(x, m, s), out) is None
+    assert torch.all(out[:, 50257:] == 1.5)
+    pitched = [k for k in made if k.covers]
+    assert len(pitched) == 2 and all(k._fast is not None for k in pitched)
+    short = torch.randn(64 * 50264 - 7, device="cuda", dtype=torch.bfloat16).as_strided((64, 50257), (50264, 1))
+    assert compare(statistics(short), compiled(short)) is None
+    assert pitched[0].exact_calls == 1

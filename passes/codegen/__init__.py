@@ -58,6 +58,11 @@ class CodegenOptions:
     host_code: bool = option(
         True, "Run the graph through our generated host source, which calls ATen entry points and kernel "
               "launchers directly (off: FX's generated code).")
+    pitch_rows: bool = option(
+        True, "triton: run rows stored with a padded pitch (pad-mm's 50257-wide logits in 50264-wide rows) "
+              "over the padded extent, so their loads and stores vectorize, and write output pads' padding "
+              "in the kernel; each call checks that such inputs' storage holds the padding, else the exact "
+              "kernel runs (see passes/codegen/triton_pitch.py).")
     compile_workers: int = option(
         8, "triton: threads compiling a graph's distinct CUDA kernels in parallel when it is generated, "
            "before their first launch (0: each kernel compiles at its first launch, one after another).",
@@ -154,7 +159,7 @@ class Codegen(Pass):
 
     name = "codegen"
     Options = CodegenOptions
-    version = "6"
+    version = "7"
     requires = frozenset({"fused"})
     provides = frozenset({"codegen"})
 
@@ -165,7 +170,8 @@ class Codegen(Pass):
         if backend == "triton":
             from .triton_runtime import generate   # imports triton lazily
             graph = generate(graph, context, emulate_precision=self.options.emulate_precision_casts,
-                             autotune=self.options.autotune, compile_workers=self.options.compile_workers)
+                             autotune=self.options.autotune, compile_workers=self.options.compile_workers,
+                             pitch_rows=self.options.pitch_rows)
         else:
             graph = self.generate_cpp(graph, context)
         return self.host(graph, context)

@@ -37,6 +37,7 @@ from pipeline.fused import CompiledKernel, FusedGroup, fill_padding, meta_of, ou
 from pipeline.loops import UnsupportedGroup, analyze
 
 from .cpp_build import cache_dir as _cache_dir
+from .triton_pitch import pitch_nest, storage_covers
 from .triton_source import TritonSource, candidate_blocks, kernel_source
 
 _modules: dict[tuple[str, bool], ModuleType] = {}
@@ -126,8 +127,10 @@ class TritonKernel(CompiledKernel):
     backend = "triton"
 
     def __init__(self, group: FusedGroup, generated: TritonSource, module: ModuleType, path: Path,
-                 inputs: list, outputs: list):
+                 inputs: list, outputs: list, *, exact: "TritonKernel | None" = None, covers: tuple = (),
+                 padded_outputs: tuple = ()):
         super().__init__(group, generated.source)
+        self._pitched(exact, covers, padded_outputs)
         self._setup(generated, module, path, in_strides=tuple(tuple(v.stride()) for v in inputs),
                     device=(inputs or outputs)[0].device,
                     outputs=[(tuple(v.shape), tuple(v.stride()), v.dtype) for v in outputs])
@@ -145,12 +148,26 @@ class TritonKernel(CompiledKernel):
         self.device = device
         self.outputs = outputs
         self.fills = output_fills(self.group, [shape for shape, _, _ in outputs])   # output pads' padding
+        if self.padded_outputs:         # a pitched kernel writes these pads' last-dim padding itself
+            self.fills = [(k, [r for r in regions if k not in self.padded_outputs or r[0] != len(outputs[k][0]) - 1],
+                           value) for k, regions, value in self.fills]
+            self.fills = [fill for fill in self.fills if fill[1]]
         self._fast: tuple | None = None     # what a direct launch on one device needs, see below
         self.alternatives: Callable[[], list] | None = getattr(self, "alternatives", None)
 
+    def _pitched(self, exact: "TritonKernel | None", covers: tuple, padded_outputs: tuple) -> None:
+        """A pitched kernel (triton_pitch.py): ``covers`` lists (input position, elements) its
+        inputs' storage must hold, ``exact`` runs when they do not; ``padded_outputs`` are the
+        outputs whose last-dim padding the kernel writes."""
+        self.exact = exact
+        self.covers = tuple(tuple(c) for c in covers)
+        self.padded_outputs = tuple(padded_outputs)
+        self.exact_calls = 0        # calls whose inputs' storage did not cover the padding
+
     def to_data(self, codec: Any) -> dict:
         """Plain data for the compile cache (see :class:`pipeline.graph_io.Describable`): the
-        group, the generated module's text and launch parameters, the strides it was built for."""
+        group, the generated module's text and launch parameters, the strides it was built for
+        (and a pitched kernel's exact twin)."""
         g = self.generated
         codec.need_file(self.path)
         return {"group": codec.group_to_data(self.group), "name": g.name, "source": codec.put_text(g.source),
@@ -158,7 +175,9 @@ class TritonKernel(CompiledKernel):
                 "num_warps": g.num_warps, "persistent": g.persistent, "device": str(self.device),
                 "in_strides": [list(s) for s in self.in_strides],
                 "outputs": [[list(shape), list(stride), str(dtype).removeprefix("torch.")]
-                            for shape, stride, dtype in self.outputs]}
+                            for shape, stride, dtype in self.outputs],
+                "covers": [list(c) for c in self.covers], "padded_outputs": list(self.padded_outputs),
+                "exact": self.exact.to_data(codec) if self.exact is not None else None}
 
     @classmethod
     def from_data(cls, data: dict, codec: Any) -> "TritonKernel":
@@ -175,6 +194,8 @@ class TritonKernel(CompiledKernel):
         path, _ = write_source(generated.source, codec.cache_dir)
         kernel = cls.__new__(cls)
         CompiledKernel.__init__(kernel, codec.group_from_data(data["group"]), generated.source)
+        kernel._pitched(cls.from_data(data["exact"], codec) if data.get("exact") else None,
+                        data.get("covers", ()), data.get("padded_outputs", ()))
         kernel._setup(generated, load_module(path), path, in_strides=tuple(tuple(s) for s in data["in_strides"]),
                       device=device, outputs=[(tuple(shape), tuple(stride), getattr(torch, d))
                                               for shape, stride, d in data["outputs"]])
@@ -190,6 +211,9 @@ class TritonKernel(CompiledKernel):
     accepts_reuse = True
 
     def __call__(self, *inputs: torch.Tensor, donors: tuple = (), reuse: tuple = ()) -> tuple:
+        if self.covers and not storage_covers(inputs, self.covers):
+            self.exact_calls += 1
+            return self.exact(*inputs, donors=donors, reuse=reuse)
         fast = self._fast
         if fast is not None and inputs and tuple(map(_stride, inputs)) == self.in_strides \
                 and inputs[0].get_device() == fast[0] == fast[1]():
@@ -321,11 +345,12 @@ _data_ptr = torch.Tensor.data_ptr
 
 
 def generate(graph: torch.fx.GraphModule, context: Any, *, emulate_precision: bool,
-             autotune: bool = False, compile_workers: int = 0) -> torch.fx.GraphModule:
+             autotune: bool = False, compile_workers: int = 0, pitch_rows: bool = True) -> torch.fx.GraphModule:
     """The ``codegen`` pass with ``backend: triton``: a TritonKernel for every fused group it can
     generate; the others keep running eagerly, with the reason in the report. With ``autotune``
     each CUDA kernel's launch shape is chosen by timing candidates (triton_autotune.py). With
-    ``compile_workers`` the CUDA kernels' binaries are compiled in parallel (:func:`precompile`)."""
+    ``compile_workers`` the CUDA kernels' binaries are compiled in parallel (:func:`precompile`).
+    With ``pitch_rows``, nests over padded rows run over the padded extent (triton_pitch.py)."""
     interpret = interpreting()
     blocked = triton_missing()
     if blocked is None and interpret:
@@ -350,6 +375,9 @@ def generate(graph: torch.fx.GraphModule, context: Any, *, emulate_precision: bo
             continue
         try:
             nest = analyze(group)
+            exact = pitch_nest(nest) if pitch_rows else None
+            if exact is not None:
+                nest, exact = exact, nest
             generated = kernel_source(nest, emulate_precision=emulate_precision)
         except (UnsupportedGroup, NotImplementedError) as exc:
             context.note(f"{group.name}: runs eagerly: {exc}")
@@ -369,7 +397,18 @@ def generate(graph: torch.fx.GraphModule, context: Any, *, emulate_precision: bo
         path, hit = write_source(generated.source, directory, persistent=persistent)
         module = load_module(path, interpret=interpret)
         arguments = [meta_of(p) for p in placeholders], [meta_of(n) for n, _ in nest.outputs]
-        kernel = TritonKernel(group, generated, module, path, *arguments)
+        pitched = {}
+        if exact is not None:
+            exact_source = kernel_source(exact, emulate_precision=emulate_precision)
+            exact_path, _ = write_source(exact_source.source, directory, persistent=persistent)
+            outputs = [n for n, _ in nest.outputs]
+            pitched = {"exact": TritonKernel(group, exact_source, load_module(exact_path, interpret=interpret),
+                                             exact_path, *arguments),
+                       "covers": nest.pitch.spans,
+                       "padded_outputs": tuple(outputs.index(n) for n in nest.pitch.outputs)}
+            context.note(f"{group.name}: rows run over their padded extent {nest.pitch.extent} "
+                         f"(of {nest.pitch.size})")
+        kernel = TritonKernel(group, generated, module, path, *arguments, **pitched)
         kernel.alternatives = _other_launch_shapes(nest, generated, emulate_precision, directory, persistent)
         node.target = kernel
         made, hits = made + 1, hits + hit

@@ -26,7 +26,7 @@ import attrs
 import torch
 import torch.fx
 
-from pipeline.fused import CONSTANTS, REDUCTIONS, constant_value, meta_of, packet_name
+from pipeline.fused import CONSTANTS, REDUCTIONS, constant_value, end_padding, meta_of, packet_name
 from pipeline.loops import LoopNest, closure
 
 from .triton_ops import (BIG, FLOAT_CT, SIGNATURE_TYPES, accumulator_init, accumulator_update, cast,
@@ -151,6 +151,8 @@ class TritonWriter:
         self.counter = 0
         self.int64 = self._needs_int64()
         self.xmask = self.rmask = None
+        self.pitch = nest.pitch          # triton_pitch.Pitch: the last axis runs over its padded extent
+        self.vmask = self.pmask = None   # i < size (pointwise) / rr < padded extent (reductions) when pitched
         self.order = self.pointwise_order()
 
     # -- helpers -----------------------------------------------------------------------------
@@ -202,8 +204,15 @@ class TritonWriter:
         dims = frozenset(({"x"} if outer else set()) | ({"r"} if red else set()))
         return " + ".join(p for p in (outer, red) if p) or None, dims
 
-    def mask(self, dims: frozenset) -> str | None:
-        parts = [m for d, m in (("x", self.xmask), ("r", self.rmask)) if d in dims and m]
+    def mask(self, dims: frozenset, strides: tuple | None = None, pitched: bool = False) -> str | None:
+        """The mask of an access varying along ``dims``: the iteration's bounds, and for a pitched
+        nest the real-element predicate unless the access itself is pitched (triton_pitch.py)."""
+        parts = [self.xmask] if "x" in dims and self.xmask else []
+        bound = self.pmask if pitched else self.rmask
+        if "r" in dims and bound:
+            parts.append(bound)
+        if self.vmask and not pitched and strides is not None and strides[self.pitch.axis] != 0:
+            parts.append(self.vmask)
         return " & ".join(parts) or None
 
     def decompose(self, depth: int, flat: str, axes: list[int]) -> list[str]:
@@ -225,16 +234,17 @@ class TritonWriter:
             out.append("    " * depth + f"i{axis} = {expr}")
         return out
 
-    def load(self, depth: int, node: torch.fx.Node, strides: tuple, level: str) -> tuple[str, frozenset]:
+    def load(self, depth: int, node: torch.fx.Node, strides: tuple, level: str,
+             pitched: bool = False) -> tuple[str, frozenset]:
         off, dims = self.offset(strides, level)
         if off is None:     # one element for all: a block of it (the interpreter mishandles 0-d values)
             off, dims = ("0 * xo" if self.reduction else "0 * x"), frozenset({"x"})
-        key = (node, off)
+        key = (node, off, pitched)
         for scope in reversed(self.loads):
             if key in scope:
                 return scope[key]
         var = self.fresh("t")
-        mask = self.mask(dims)
+        mask = self.mask(dims, strides, pitched)
         pointer = f"in{self.index[node]} + ({off})"
         args = pointer + (f", mask={mask}, other=0" if mask else "")
         self.emit(depth, f"{var} = {load_cast(f'tl.load({args})', meta_of(node).dtype)}")
@@ -245,7 +255,8 @@ class TritonWriter:
         def render(arg, ct: str) -> str:
             if isinstance(arg, torch.fx.Node):
                 if arg.op == "placeholder":
-                    var, d = self.load(depth, arg, self.nest.loads[(arg, consumer)].strides, level)
+                    pitched = self.pitch is not None and (arg, consumer) in self.pitch.loads
+                    var, d = self.load(depth, arg, self.nest.loads[(arg, consumer)].strides, level, pitched)
                 else:
                     var, d = self.var[arg], self.dims[arg]
                 dims.update(d)
@@ -291,8 +302,14 @@ class TritonWriter:
         off, dims = self.offset(strides, level)
         if off is None:                  # a single element: the first (and only) program index
             off, dims = ("xo", frozenset({"x"})) if self.reduction else ("x", frozenset({"x"}))
-        mask = self.mask(dims)
-        value = store_cast(self.var[node], meta_of(node).dtype)
+        value = self.var[node]
+        pitched = self.pitch is not None and node in self.pitch.outputs
+        if pitched:                      # the padding is this output's too: write the pad value there
+            valid = self.vmask or self.rmask
+            pad = literal(end_padding(node)[1], compute_type(meta_of(node).dtype))
+            value = f"tl.where({valid}, {value}, {pad})"
+        mask = self.mask(dims, strides, pitched)
+        value = store_cast(value, meta_of(node).dtype)
         self.emit(depth, f"tl.store(out{k} + ({off}), {value}" + (f", mask={mask})" if mask else ")"))
 
     # -- the kernel --------------------------------------------------------------------------
@@ -328,6 +345,10 @@ class TritonWriter:
             self.xmask = "xmask"
             self.emit(1, f"xmask = x < {total}")
         mark = len(self.lines)
+        if self.pitch is not None:
+            self.vmask = "vmask"
+            self.need.add(self.pitch.axis)
+            self.emit(1, f"vmask = i{self.pitch.axis} < {self.pitch.size}")
         for node in self.nest.nodes:
             self.compute(1, node, "full")
         for node, access in self.nest.outputs:
@@ -340,7 +361,10 @@ class TritonWriter:
         red_total = math.prod(nest.sizes[a] for a in nest.reduced)
         if red_total >= BIG:
             raise NotImplementedError("reductions over 2**31 or more elements")
-        self.red_total = red_total
+        extent = red_total
+        if self.pitch is not None:       # loop over the real row; pitched accesses mask at its padded end
+            red_total = self.pitch.size
+        self.red_total, self.red_extent = red_total, extent
         pid = "tl.program_id(0).to(tl.int64)" if self.int64 else "tl.program_id(0)"
         self.emit(1, f"xo = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
         if outer_total % blocks.xblock:
@@ -351,6 +375,9 @@ class TritonWriter:
             if red_total % blocks.rblock or red_total == 0:
                 self.rmask = "rmask"
                 self.emit(1, f"rmask = rr < {red_total}")
+            if self.pitch is not None and extent % blocks.rblock:
+                self.pmask = "pmask"
+                self.emit(1, f"pmask = rr < {extent}")
         else:
             self.emit(1, "rbase = tl.arange(0, RBLOCK)[None, :]")
         mark = len(self.lines)
@@ -403,6 +430,9 @@ class TritonWriter:
             if self.red_total % self.blocks.rblock:
                 self.rmask = "rmask"
                 self.emit(2, f"rmask = rr < {self.red_total}")
+            if self.pitch is not None and self.red_extent % self.blocks.rblock:
+                self.pmask = "pmask"
+                self.emit(2, f"pmask = rr < {self.red_extent}")
             mark, saved_need = len(self.lines), self.need
             self.need = set()
             self.loads.append({})
@@ -418,7 +448,7 @@ class TritonWriter:
             self.need = saved_need | {a for a in self.need if a not in nest.reduced}
             self.var = saved
             self.loads.pop()
-            self.rmask = None
+            self.rmask = self.pmask = None
             for r in these:
                 self.finish_accumulator(1, r)
 
