@@ -114,3 +114,16 @@ def triton_interpreter_ready(request: pytest.FixtureRequest) -> bool:
                         "test_module_in_a_fresh_process runs these tests in a new process")
         return False
     return True
+
+
+def rerun_with_interpreter(module_file: str) -> None:
+    """The body of an interpreter module's ``test_module_in_a_fresh_process``: only when something
+    imported triton before the module could set ``TRITON_INTERPRET`` (the interpreter needs it at
+    import time), run the module's tests again in a new process; else skip."""
+    from passes.codegen import triton_runtime
+    if triton_runtime.interpreter_problem() is None:
+        pytest.skip("the interpreter works in this process; the module's tests ran here")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", module_file],
+                          capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]

@@ -14,8 +14,6 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import importlib.util  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -25,7 +23,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from pipeline import compilation_of, compile_with_plan, load_plan  # noqa: E402
 from pipeline.numerics import compare  # noqa: E402
-from conftest import triton_interpreter_ready  # noqa: E402
+from conftest import rerun_with_interpreter, triton_interpreter_ready  # noqa: E402
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install -e '.[gpu]')")
@@ -426,10 +424,4 @@ def test_every_template_kernel_compiles_for_sm90():
 def test_module_in_a_fresh_process():
     """Only when something imported triton before this module could set TRITON_INTERPRET (the
     interpreter needs it at import time): run this file again in a new process."""
-    from passes.codegen import triton_runtime
-    if triton_runtime.interpreter_problem() is None:
-        pytest.skip("the interpreter works in this process; the tests above ran here")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                          capture_output=True, text=True, env=env)
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    rerun_with_interpreter(__file__)

@@ -27,7 +27,7 @@ from pipeline import compilation_of, compile_with_plan  # noqa: E402
 from pipeline.fused import FusedGroup  # noqa: E402
 from pipeline.numerics import compare  # noqa: E402
 from pipeline.testing import assert_preserves_semantics, graphs  # noqa: E402
-from conftest import triton_interpreter_ready  # noqa: E402
+from conftest import rerun_with_interpreter, triton_interpreter_ready  # noqa: E402
 from sample_functions import (layer_norm, log_softmax, mask_inputs, masks, padded_rows, padded_softmax,  # noqa: E402
                               rms_norm, softmax)
 
@@ -311,13 +311,7 @@ def test_compile_for_sm90_names_the_kernel_it_cannot_compile():
 def test_module_in_a_fresh_process():
     """Only when something imported triton before this module could set TRITON_INTERPRET (the
     interpreter needs it at import time): run this file again in a new process."""
-    from passes.codegen import triton_runtime
-    if triton_runtime.interpreter_problem() is None:
-        pytest.skip("the interpreter works in this process; the tests above ran here")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                          capture_output=True, text=True, env=env)
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    rerun_with_interpreter(__file__)
 
 
 def test_precompile_submits_each_distinct_kernel_once_under_tritons_async_compile_mode():

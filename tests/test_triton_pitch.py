@@ -25,7 +25,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from pipeline import compilation_of, compile_with_plan  # noqa: E402
 from pipeline.numerics import compare  # noqa: E402
-from conftest import triton_interpreter_ready  # noqa: E402
+from conftest import rerun_with_interpreter, triton_interpreter_ready  # noqa: E402
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
@@ -189,10 +189,4 @@ def test_pitched_accesses_compile_to_vector_instructions_for_sm90():
 
 def test_module_in_a_fresh_process():
     """Only when something imported triton before this module could set TRITON_INTERPRET."""
-    from passes.codegen import triton_runtime
-    if triton_runtime.interpreter_problem() is None:
-        pytest.skip("the interpreter works in this process; the tests above ran here")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                          capture_output=True, text=True, env=env)
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    rerun_with_interpreter(__file__)
