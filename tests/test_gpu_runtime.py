@@ -126,3 +126,28 @@ def test_padded_rows_run_over_their_padded_extent_and_match_eager(made):
     short = torch.randn(64 * 50264 - 7, device="cuda", dtype=torch.bfloat16).as_strided((64, 50257), (50264, 1))
     assert compare(statistics(short), compiled(short)) is None
     assert pitched[0].exact_calls == 1
+
+
+def test_column_sums_run_as_split_reductions_and_match_eager():
+    """A backward's bias and norm-weight gradients (bf16, 4096 x 768): two kernels, both on the
+    direct launch path after the first call."""
+    from passes.codegen.triton_split import SplitKernel
+    made = []
+    original = SplitKernel.__init__
+
+    def remember(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        made.append(self)
+
+    def gradients(g, h, w):
+        return g.sum(0), (g.float() * h.float() * w).sum(0).to(g.dtype)
+
+    g, h = (torch.randn(4096, 768, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    w = torch.randn(768, device="cuda")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(SplitKernel, "__init__", remember)
+        compiled = compile_with_plan(gradients, "default")
+        for _ in range(3):
+            assert compare(gradients(g, h, w), compiled(g, h, w)) is None
+    (kernel,) = made
+    assert kernel.partial._fast is not None and kernel.combine._fast is not None

@@ -63,6 +63,10 @@ class CodegenOptions:
               "over the padded extent, so their loads and stores vectorize, and write output pads' padding "
               "in the kernel; each call checks that such inputs' storage holds the padding, else the exact "
               "kernel runs (see passes/codegen/triton_pitch.py).")
+    split_reductions: bool = option(
+        True, "triton: run a reduction over a strided axis that would launch few programs (a backward's "
+              "bias and norm-weight column sums) as two kernels: partial results over chunks of rows, "
+              "then their combination with the group's epilogue (see passes/codegen/triton_split.py).")
     compile_workers: int = option(
         8, "triton: threads compiling a graph's distinct CUDA kernels in parallel when it is generated, "
            "before their first launch (0: each kernel compiles at its first launch, one after another).",
@@ -171,7 +175,7 @@ class Codegen(Pass):
             from .triton_runtime import generate   # imports triton lazily
             graph = generate(graph, context, emulate_precision=self.options.emulate_precision_casts,
                              autotune=self.options.autotune, compile_workers=self.options.compile_workers,
-                             pitch_rows=self.options.pitch_rows)
+                             pitch_rows=self.options.pitch_rows, split_reductions=self.options.split_reductions)
         else:
             graph = self.generate_cpp(graph, context)
         return self.host(graph, context)

@@ -38,6 +38,7 @@ from pipeline.loops import UnsupportedGroup, analyze
 
 from .cpp_build import cache_dir as _cache_dir
 from .triton_pitch import pitch_nest, storage_covers
+from .triton_split import build_split_kernel, split_plan
 from .triton_source import TritonSource, candidate_blocks, kernel_source
 
 _modules: dict[tuple[str, bool], ModuleType] = {}
@@ -345,12 +346,15 @@ _data_ptr = torch.Tensor.data_ptr
 
 
 def generate(graph: torch.fx.GraphModule, context: Any, *, emulate_precision: bool,
-             autotune: bool = False, compile_workers: int = 0, pitch_rows: bool = True) -> torch.fx.GraphModule:
+             autotune: bool = False, compile_workers: int = 0, pitch_rows: bool = True,
+             split_reductions: bool = True) -> torch.fx.GraphModule:
     """The ``codegen`` pass with ``backend: triton``: a TritonKernel for every fused group it can
     generate; the others keep running eagerly, with the reason in the report. With ``autotune``
     each CUDA kernel's launch shape is chosen by timing candidates (triton_autotune.py). With
     ``compile_workers`` the CUDA kernels' binaries are compiled in parallel (:func:`precompile`).
-    With ``pitch_rows``, nests over padded rows run over the padded extent (triton_pitch.py)."""
+    With ``pitch_rows``, nests over padded rows run over the padded extent (triton_pitch.py); with
+    ``split_reductions``, strided-axis reductions with few programs run in two kernels
+    (triton_split.py)."""
     interpret = interpreting()
     blocked = triton_missing()
     if blocked is None and interpret:
@@ -378,6 +382,16 @@ def generate(graph: torch.fx.GraphModule, context: Any, *, emulate_precision: bo
             exact = pitch_nest(nest) if pitch_rows else None
             if exact is not None:
                 nest, exact = exact, nest
+            split = split_plan(nest) if split_reductions else None
+            if split is not None:
+                node.target, stages = build_split_kernel(group, nest, split, emulate_precision=emulate_precision,
+                                                         directory=directory, persistent=persistent,
+                                                         interpret=interpret)
+                made += 1
+                context.note(f"{group.name}: split reduction, {split.count} chunks of {split.chunk} rows")
+                if device.type == "cuda" and not interpret:
+                    cuda_kernels.extend(stages)
+                continue
             generated = kernel_source(nest, emulate_precision=emulate_precision)
         except (UnsupportedGroup, NotImplementedError) as exc:
             context.note(f"{group.name}: runs eagerly: {exc}")

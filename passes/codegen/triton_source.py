@@ -313,22 +313,33 @@ class TritonWriter:
         self.emit(depth, f"tl.store(out{k} + ({off}), {value}" + (f", mask={mask})" if mask else ")"))
 
     # -- the kernel --------------------------------------------------------------------------
-    def write(self) -> TritonSource:
-        params = [f"in{i}" for i in range(len(self.placeholders))]
-        params += [f"out{k}" for k in range(len(self.nest.outputs))]
-        consts = {"BLOCK": self.blocks.xblock} if not self.reduction else {
-            "XBLOCK": self.blocks.xblock, "RBLOCK": self.blocks.rblock}
-        self.emit(0, "@triton.jit")
-        self.emit(0, f"def {self.name}({', '.join(params + [f'{c}: tl.constexpr' for c in consts])}):")
+    def parameters(self) -> dict:
+        """Pointer parameters of the kernel, in order, with their Triton signature types."""
+        signature = {f"in{i}": SIGNATURE_TYPES[meta_of(p).dtype] for i, p in enumerate(self.placeholders)}
+        signature.update({f"out{k}": SIGNATURE_TYPES[meta_of(n).dtype] for k, (n, _) in enumerate(self.nest.outputs)})
+        return signature
+
+    def kind(self) -> str:
+        if not self.reduction:
+            return "pointwise"
+        return "persistent reduction" if self.blocks.persistent else "looped reduction"
+
+    def write_body(self) -> None:
         if self.reduction:
             self.write_reduction()
         else:
             self.write_pointwise()
-        signature = {f"in{i}": SIGNATURE_TYPES[meta_of(p).dtype] for i, p in enumerate(self.placeholders)}
-        signature.update({f"out{k}": SIGNATURE_TYPES[meta_of(n).dtype] for k, (n, _) in enumerate(self.nest.outputs)})
+
+    def write(self) -> TritonSource:
+        signature = self.parameters()
+        params = list(signature)
+        consts = {"BLOCK": self.blocks.xblock} if not self.reduction else {
+            "XBLOCK": self.blocks.xblock, "RBLOCK": self.blocks.rblock}
+        self.emit(0, "@triton.jit")
+        self.emit(0, f"def {self.name}({', '.join(params + [f'{c}: tl.constexpr' for c in consts])}):")
+        self.write_body()
         signature.update({c: "constexpr" for c in consts})
-        kind = ("persistent reduction" if self.blocks.persistent else "looped reduction") if self.reduction \
-            else "pointwise"
+        kind = self.kind()
         summary = (f"{self.name}: {kind} over loop sizes {list(self.nest.sizes)}, reduced loop axes "
                    f"{list(self.nest.reduced)}; grid ({self.blocks.grid},), {consts}, num_warps {self.blocks.num_warps}")
         text = HEADER.format(summary=summary) + helper_source(self.uses) + "\n\n" + "\n".join(self.lines) + "\n"
@@ -481,24 +492,27 @@ class TritonWriter:
 
 
 PLACEHOLDER = "pp_kernel_name_"
-VARIABLE_PREFIXES = ("v", "a", "acc", "nan", "idx", "take")
+VARIABLE_PREFIXES = ("v", "a", "acc", "nan", "idx", "take", "p")
 PLAIN_OPS = ("add", "sub", "mul", "div", "neg", "where", "clone")   # named last in a kernel's name
 
 
 def kernel_source(nest: LoopNest, name: str | None = None, *, emulate_precision: bool = True,
-                  blocks: Blocks | None = None) -> TritonSource:
+                  blocks: Blocks | None = None, writer: type | None = None) -> TritonSource:
     """The Triton module (one jitted kernel) for one loop nest, with the heuristic's launch shape
     (:func:`choose_blocks`) unless ``blocks`` names another (see :func:`candidate_blocks`).
 
     Variables are named after the op and its position in the nest (``v3_mul``), not after the
     graph's node names, so identical groups (one per transformer layer) give identical text: one
     file, one module, one Triton compile. Without ``name`` the kernel is named after its content:
-    ``triton_<poi|red>_<first ops>_<hash>``, readable in a profiler and shared by its copies."""
-    written = TritonWriter(nest, PLACEHOLDER, emulate_precision=emulate_precision, blocks=blocks).write()
+    ``triton_<poi|red>_<first ops>_<hash>``, readable in a profiler and shared by its copies.
+    ``writer`` is a :class:`TritonWriter` subclass writing another kind of kernel for the nest
+    (triton_split.py's two stages)."""
+    writer = writer or TritonWriter
+    written = writer(nest, PLACEHOLDER, emulate_precision=emulate_precision, blocks=blocks).write()
     text = _canonical_variables(written.source, nest)
     if name is None:
         name = content_name(nest, text if blocks is None else
-                            _canonical_variables(TritonWriter(nest, PLACEHOLDER, emulate_precision=emulate_precision)
+                            _canonical_variables(writer(nest, PLACEHOLDER, emulate_precision=emulate_precision)
                                                  .write().source, nest))
     return attrs.evolve(written, name=name, source=text.replace(PLACEHOLDER, name))
 
