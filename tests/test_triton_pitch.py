@@ -1,7 +1,8 @@
 """Rows stored with a padded pitch (pad-mm's logits) run over the padded extent in Triton kernels
 (passes/codegen/triton_pitch.py): results match eager, output pads' padding is written by the
 kernel, inputs whose storage ends before the padding run the exact kernel, and on sm_90 the
-pitched accesses compile to 16-byte vector instructions.
+pitched accesses compile to 16-byte vector instructions. Also: pointwise kernels over long rows
+load per-row values once per block.
 
 Kernels run under the Triton interpreter, as in test_triton_backend.py (see its docstring for why
 ``TRITON_INTERPRET`` is set here, at collection).
@@ -36,6 +37,7 @@ KERNELS: list = []      # the Triton kernels of the last compile
 @pytest.fixture(autouse=True)
 def _record_kernels(monkeypatch, request):
     torch._dynamo.reset()
+    torch.manual_seed(0)        # sums of thousands of fp32 values: keep the inputs the same in any test order
     from passes.codegen import triton_runtime
     if not triton_interpreter_ready(request):
         yield
@@ -119,6 +121,15 @@ def test_contiguous_rows_and_pitch_rows_off_keep_the_exact_kernel():
     with torch.no_grad():
         assert compare(row_statistics(x), compiled(x)) is None
     assert not KERNELS[0].covers and "pmask" not in KERNELS[0].source
+
+
+@pytest.mark.parametrize("rows,length", [(5, 4096), (3, 5003), (4, 8200)])
+def test_long_rows_read_each_rows_values_once_per_block(rows, length):
+    """Rows at least a block long: a block spans two rows at most, so per-row values are two
+    scalar loads and a select, and the row index needs no division (pitched or not)."""
+    x, (m, s, g) = torch.randn(rows, length), row_vectors(rows)
+    run(lambda t, a, b, c: ((t - a).exp() / b * c, t * 2 + a.sin()), x, m, s, g)
+    assert KERNELS and all("rend = (r0 + 1) * " in k.source and "x //" not in k.source for k in KERNELS)
 
 
 def test_a_pitched_kernel_and_its_exact_twin_come_back_from_the_compile_cache(tmp_path, monkeypatch):

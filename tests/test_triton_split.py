@@ -31,6 +31,7 @@ KERNELS: list = []      # what the last compile's codegen put in place of its gr
 @pytest.fixture(autouse=True)
 def _record_kernels(monkeypatch, request):
     torch._dynamo.reset()
+    torch.manual_seed(0)        # sums of thousands of fp32 values: keep the inputs the same in any test order
     from passes.codegen import triton_runtime
     if not triton_interpreter_ready(request):
         yield
@@ -72,6 +73,13 @@ def test_column_sums_over_many_rows_run_as_partial_and_combine_kernels():
     run(bias_gradients, g, h, torch.randn(40))
     [kernel] = split_kernels()
     assert "partials over" in kernel.partial.source and "combining" in kernel.combine.source
+
+
+def test_wide_column_sums_split_rather_than_narrow_their_programs():
+    """3072 columns would give one kernel enough programs only with 8 columns each."""
+    run(lambda t: t.sum(0), torch.rand(1024, 3072))
+    [kernel] = split_kernels()
+    assert "'XBLOCK': 64" in kernel.partial.source
 
 
 def test_half_precision_columns_round_like_eager():

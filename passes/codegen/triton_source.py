@@ -153,6 +153,7 @@ class TritonWriter:
         self.xmask = self.rmask = None
         self.pitch = nest.pitch          # triton_pitch.Pitch: the last axis runs over its padded extent
         self.vmask = self.pmask = None   # i < size (pointwise) / rr < padded extent (reductions) when pitched
+        self.row_pair = None             # pointwise over [rows, long rows]: (rows, row length), see write_pointwise
         self.order = self.pointwise_order()
 
     # -- helpers -----------------------------------------------------------------------------
@@ -219,6 +220,12 @@ class TritonWriter:
         """Lines computing i<axis> for the needed ``axes`` from the flat index ``flat``."""
         sizes = self.nest.sizes
         out = []
+        if self.row_pair is not None and flat == "x":
+            if self.need:
+                out.append("    " * depth + "i0 = tl.where(x < rend, r0, r0 + 1)")
+            if 1 in self.need:
+                out.append("    " * depth + f"i1 = x - i0 * {sizes[1]}")
+            return out
         for k, axis in enumerate(axes):
             if axis not in self.need:
                 continue
@@ -244,6 +251,14 @@ class TritonWriter:
             if key in scope:
                 return scope[key]
         var = self.fresh("t")
+        if self.row_pair is not None and strides[1] == 0 and strides[0] != 0:
+            rows, row = self.row_pair
+            first = load_cast(f"tl.load(in{self.index[node]} + r0 * {strides[0]})", meta_of(node).dtype)
+            second = load_cast(f"tl.load(in{self.index[node]} + (r0 + 1) * {strides[0]}, mask=r0 + 1 < {rows}, "
+                               "other=0)", meta_of(node).dtype)
+            self.emit(depth, f"{var} = tl.where(x < rend, {first}, {second})")
+            self.loads[-1][key] = (var, frozenset({"x"}))
+            return var, frozenset({"x"})
         mask = self.mask(dims, strides, pitched)
         pointer = f"in{self.index[node]} + ({off})"
         args = pointer + (f", mask={mask}, other=0" if mask else "")
@@ -349,12 +364,21 @@ class TritonWriter:
                             self.blocks.persistent)
 
     def write_pointwise(self) -> None:
-        total = math.prod(self.nest.sizes)
+        """A flat kernel; over [rows, row length] with rows at least BLOCK long, a block spans at
+        most two rows: ``r0`` (its first element's row) and ``r0 + 1``. The row index is then a
+        select instead of a division per element, and a per-row value (a cross-entropy row's
+        maximum and sum) is two scalar loads and a select instead of a load per element."""
+        sizes = self.nest.sizes
+        total = math.prod(sizes)
         pid = "tl.program_id(0).to(tl.int64)" if self.int64 else "tl.program_id(0)"
         self.emit(1, f"x = {pid} * BLOCK + tl.arange(0, BLOCK)")
         if total % self.blocks.xblock:
             self.xmask = "xmask"
             self.emit(1, f"xmask = x < {total}")
+        if len(sizes) == 2 and self.order == [0, 1] and sizes[1] >= self.blocks.xblock:
+            self.row_pair = (sizes[0], sizes[1])
+            self.emit(1, f"r0 = ({pid} * BLOCK) // {sizes[1]}")
+            self.emit(1, f"rend = (r0 + 1) * {sizes[1]}")
         mark = len(self.lines)
         if self.pitch is not None:
             self.vmask = "vmask"
