@@ -155,7 +155,8 @@ def test_reductions_over_other_axes_match_eager(fn):
 def test_every_autotune_candidate_matches_eager(name):
     """Autotuning picks among these launch shapes by speed alone, so each must be correct."""
     from passes.codegen.triton_runtime import TritonKernel, load_module, write_source
-    from passes.codegen.triton_source import candidate_blocks, kernel_source
+    from passes.codegen.triton_autotune import candidate_blocks
+    from passes.codegen.triton_source import kernel_source
     from pipeline.loops import analyze
     fn, make = CASES[name]
     args = make()

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from passes.codegen.triton_runtime import TritonCompileError, compile_for_sm90
-from passes.codegen.triton_source import candidate_blocks, kernel_source
+from passes.codegen.triton_autotune import candidate_blocks
+from passes.codegen.triton_source import kernel_source
 from pipeline.loops import analyze
 from pipeline.testing import run_passes
 

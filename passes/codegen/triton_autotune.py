@@ -1,6 +1,6 @@
 """Autotuning of generated Triton kernels (``codegen: {autotune: true}``).
 
-For each fused group the candidates of :func:`~.triton_source.candidate_blocks` (block sizes,
+For each fused group the candidates of :func:`candidate_blocks` (block sizes,
 rows per program, warps) are generated, compiled and timed once on random inputs of the group's
 shapes, dtypes and strides on the target GPU; the fastest wins. The choice is kept on disk beside
 the kernels (``<cache>/triton/tune_<key>.json``, written atomically), keyed on the default
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import sys
 import tempfile
@@ -24,7 +25,7 @@ import torch
 
 from pipeline.loops import LoopNest
 
-from .triton_source import Blocks, TritonSource, candidate_blocks, kernel_source
+from .triton_source import Blocks, TritonSource, choose_blocks, kernel_source, nest_is_reduction, next_pow2
 
 
 def random_like(meta: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -118,3 +119,40 @@ def _describe(blocks: Blocks) -> str:
     shape = f"XBLOCK {blocks.xblock} RBLOCK {blocks.rblock}" if blocks.rblock > 1 or blocks.persistent \
         else f"BLOCK {blocks.xblock}"
     return f"{shape}, {blocks.num_warps} warps"
+
+
+def candidate_blocks(nest: LoopNest) -> list[Blocks]:
+    """Launch shapes autotuning tries for one nest, the heuristic's first (at most ten, since each
+    costs a Triton compile). Pointwise: blocks of 1024 to 8192 elements with 4 or 8 warps.
+    Persistent reductions: 1, 2 or 4 rows per program (tiles up to 16384 elements) with 4, 8 or 16
+    warps. Looped reductions: chunks of 1024 to 4096 elements per row with 4 to 16 warps (at least
+    four elements per thread)."""
+    base = choose_blocks(nest)
+    found = [base]
+
+    def add(blocks: Blocks) -> None:
+        if blocks not in found:
+            found.append(blocks)
+
+    sizes = nest.sizes
+    if not nest_is_reduction(nest):
+        total = math.prod(sizes)
+        for block in (1024, 2048, 4096, 8192):
+            if block <= max(16, next_pow2(total)):
+                for warps in (4, 8):
+                    add(Blocks(False, block, 1, -(-total // block), warps))
+        return found
+    outer = math.prod(sizes[a] for a in nest.outer_axes)
+    if base.persistent:
+        rp = base.rblock
+        for xblock in (1, 2, 4):
+            if xblock <= next_pow2(outer) and xblock * rp <= 16384:
+                for warps in (4, 8, 16):
+                    if xblock * rp >= 32 * warps:
+                        add(Blocks(True, xblock, rp, -(-outer // xblock), warps))
+    elif base.xblock == 1:
+        for rblock in (1024, 2048, 4096):
+            for warps in (4, 8, 16):
+                if rblock >= 128 * warps:
+                    add(Blocks(False, 1, rblock, outer, warps))
+    return found

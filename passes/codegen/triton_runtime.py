@@ -39,7 +39,8 @@ from pipeline.loops import UnsupportedGroup, analyze
 from .cpp_build import cache_dir as _cache_dir
 from .triton_pitch import pitch_nest, storage_covers
 from .triton_split import build_split_kernel, split_plan
-from .triton_source import TritonSource, candidate_blocks, kernel_source
+from .triton_autotune import candidate_blocks
+from .triton_source import TritonSource, kernel_source
 
 _modules: dict[tuple[str, bool], ModuleType] = {}
 _lock = threading.Lock()

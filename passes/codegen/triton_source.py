@@ -29,6 +29,7 @@ import torch.fx
 from pipeline.fused import CONSTANTS, REDUCTIONS, constant_value, end_padding, meta_of, packet_name
 from pipeline.loops import LoopNest, closure
 
+from .triton_online import online_finish, online_pairs, online_update
 from .triton_ops import (BIG, FLOAT_CT, SIGNATURE_TYPES, accumulator_init, accumulator_update, cast,
                          compute_type, helper_source, literal, load_cast, pointwise_expr, reduce_tile, round_to,
                          store_cast, work_type)
@@ -445,13 +446,14 @@ class TritonWriter:
         reductions = [n for n in nest.nodes if packet_name(n.target) in REDUCTIONS]
         outer_nodes = [n for n in nest.nodes if nest.level[n] == "outer" and n not in reductions]
         outputs = dict(nest.outputs)
+        online = online_pairs(nest)      # sums of exponentials computed in their maximum's pass
         for p in range(nest.passes + 1):
             for node in outer_nodes:
                 if nest.pass_of[node] == p:
                     self.compute(1, node, "outer")
             if p == nest.passes:
                 break
-            these = [r for r in reductions if nest.pass_of[r] == p + 1]
+            these = [r for r in reductions if nest.pass_of[r] == p + 1 and r not in online.values()]
             stores = [n for n in full_nodes if n in outputs and nest.pass_of[n] == p]
             if not these and not stores:
                 continue
@@ -459,6 +461,8 @@ class TritonWriter:
             for r in these:
                 for line in accumulator_init(r):
                     self.emit(1, line)
+                if r in online:
+                    self.emit(1, f"acc_{online[r].name} = tl.full([XBLOCK, RBLOCK], 0, {work_type(online[r])})")
             self.emit(1, f"for roff in range(0, {self.red_total}, RBLOCK):")
             self.emit(2, "rr = roff + rbase")
             self.rmask = None
@@ -475,8 +479,14 @@ class TritonWriter:
             for node in needed:
                 self.compute(2, node, "full")
             for r in these:
-                for line in accumulator_update(r, self.reduce_source(2, r), self.rmask):
+                value = self.reduce_source(2, r)
+                if r in online:
+                    self.emit(2, f"prev_{online[r].name} = acc_{r.name}")
+                for line in accumulator_update(r, value, self.rmask):
                     self.emit(2, line)
+                if r in online:
+                    for line in online_update(r, online[r], value, self.rmask):
+                        self.emit(2, line)
             for node in stores:
                 self.store(2, node, outputs[node].strides, "full")
             self.lines[mark:mark] = self.decompose(2, "rr", list(nest.reduced))
@@ -486,6 +496,10 @@ class TritonWriter:
             self.rmask = self.pmask = None
             for r in these:
                 self.finish_accumulator(1, r)
+                if r in online:
+                    for line in online_finish(r, online[r]):
+                        self.emit(1, line)
+                    self.var[online[r]], self.dims[online[r]] = f"v_{online[r].name}", frozenset({"x"})
 
     # -- reductions --------------------------------------------------------------------------
     def reduce_source(self, depth: int, node: torch.fx.Node) -> str:
@@ -516,14 +530,14 @@ class TritonWriter:
 
 
 PLACEHOLDER = "pp_kernel_name_"
-VARIABLE_PREFIXES = ("v", "a", "acc", "nan", "idx", "take", "p")
+VARIABLE_PREFIXES = ("v", "a", "acc", "nan", "idx", "take", "p", "prev")
 PLAIN_OPS = ("add", "sub", "mul", "div", "neg", "where", "clone")   # named last in a kernel's name
 
 
 def kernel_source(nest: LoopNest, name: str | None = None, *, emulate_precision: bool = True,
                   blocks: Blocks | None = None, writer: type | None = None) -> TritonSource:
     """The Triton module (one jitted kernel) for one loop nest, with the heuristic's launch shape
-    (:func:`choose_blocks`) unless ``blocks`` names another (see :func:`candidate_blocks`).
+    (:func:`choose_blocks`) unless ``blocks`` names another (see triton_autotune.candidate_blocks).
 
     Variables are named after the op and its position in the nest (``v3_mul``), not after the
     graph's node names, so identical groups (one per transformer layer) give identical text: one
@@ -564,40 +578,3 @@ def content_name(nest: LoopNest, text: str) -> str:
     ops = [op for op in ops if op not in PLAIN_OPS] + [op for op in ops if op in PLAIN_OPS]
     digest = hashlib.sha256(text.encode()).hexdigest()[:10]
     return "_".join(["triton", kind, *ops[:3], digest])
-
-
-def candidate_blocks(nest: LoopNest) -> list[Blocks]:
-    """Launch shapes autotuning tries for one nest, the heuristic's first (at most ten, since each
-    costs a Triton compile). Pointwise: blocks of 1024 to 8192 elements with 4 or 8 warps.
-    Persistent reductions: 1, 2 or 4 rows per program (tiles up to 16384 elements) with 4, 8 or 16
-    warps. Looped reductions: chunks of 1024 to 4096 elements per row with 4 to 16 warps (at least
-    four elements per thread)."""
-    base = choose_blocks(nest)
-    found = [base]
-
-    def add(blocks: Blocks) -> None:
-        if blocks not in found:
-            found.append(blocks)
-
-    sizes = nest.sizes
-    if not nest_is_reduction(nest):
-        total = math.prod(sizes)
-        for block in (1024, 2048, 4096, 8192):
-            if block <= max(16, next_pow2(total)):
-                for warps in (4, 8):
-                    add(Blocks(False, block, 1, -(-total // block), warps))
-        return found
-    outer = math.prod(sizes[a] for a in nest.outer_axes)
-    if base.persistent:
-        rp = base.rblock
-        for xblock in (1, 2, 4):
-            if xblock <= next_pow2(outer) and xblock * rp <= 16384:
-                for warps in (4, 8, 16):
-                    if xblock * rp >= 32 * warps:
-                        add(Blocks(True, xblock, rp, -(-outer // xblock), warps))
-    elif base.xblock == 1:
-        for rblock in (1024, 2048, 4096):
-            for warps in (4, 8, 16):
-                if rblock >= 128 * warps:
-                    add(Blocks(False, 1, rblock, outer, warps))
-    return found
