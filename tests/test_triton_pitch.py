@@ -1,9 +1,8 @@
 """Rows stored with a padded pitch (pad-mm's logits) run over the padded extent in Triton kernels
 (passes/codegen/triton_pitch.py): results match eager, output pads' padding is written by the
 kernel, inputs whose storage ends before the padding run the exact kernel, and on sm_90 the
-pitched accesses compile to 16-byte vector instructions. Also about long rows: pointwise kernels
-load per-row values once per block, and a looped row's maximum and sum of exponentials take one
-pass (triton_online.py).
+pitched accesses compile to 16-byte vector instructions. Also: pointwise kernels over long rows
+load per-row values once per block.
 
 Kernels run under the Triton interpreter, as in test_triton_backend.py (see its docstring for why
 ``TRITON_INTERPRET`` is set here, at collection).
@@ -131,19 +130,6 @@ def test_long_rows_read_each_rows_values_once_per_block(rows, length):
     x, (m, s, g) = torch.randn(rows, length), row_vectors(rows)
     run(lambda t, a, b, c: ((t - a).exp() / b * c, t * 2 + a.sin()), x, m, s, g)
     assert KERNELS and all("rend = (r0 + 1) * " in k.source and "x //" not in k.source for k in KERNELS)
-
-
-def test_a_long_rows_maximum_and_sum_of_exponentials_take_one_pass():
-    """Looped rows (longer than a persistent tile): sum(exp(x - amax(x))) is accumulated online in
-    the maximum's pass, with eager's results for -inf rows, NaN and +inf."""
-    x = torch.randn(6, 9000)
-    x[1] = -float("inf")
-    x[2, 17] = float("nan")
-    x[3, 4000] = float("inf")
-    x[4, 8999] = 80.0           # the maximum arrives in the last chunk: every lane rescales
-    run(row_statistics, x)
-    [kernel] = KERNELS
-    assert kernel.source.count("for roff in range") == 1 and "prev" in kernel.source
 
 
 def test_a_pitched_kernel_and_its_exact_twin_come_back_from_the_compile_cache(tmp_path, monkeypatch):

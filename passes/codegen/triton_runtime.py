@@ -37,10 +37,10 @@ from pipeline.fused import CompiledKernel, FusedGroup, fill_padding, meta_of, ou
 from pipeline.loops import UnsupportedGroup, analyze
 
 from .cpp_build import cache_dir as _cache_dir
-from .triton_pitch import pitch_nest, storage_covers
-from .triton_split import build_split_kernel, split_plan
 from .triton_autotune import candidate_blocks
+from .triton_pitch import pitch_nest, storage_covers
 from .triton_source import TritonSource, kernel_source
+from .triton_split import build_split_kernel, split_plan
 
 _modules: dict[tuple[str, bool], ModuleType] = {}
 _lock = threading.Lock()

@@ -29,7 +29,6 @@ import torch.fx
 from pipeline.fused import CONSTANTS, REDUCTIONS, constant_value, end_padding, meta_of, packet_name
 from pipeline.loops import LoopNest, closure
 
-from .triton_online import online_finish, online_pairs, online_update
 from .triton_ops import (BIG, FLOAT_CT, SIGNATURE_TYPES, accumulator_init, accumulator_update, cast,
                          compute_type, helper_source, literal, load_cast, pointwise_expr, reduce_tile, round_to,
                          store_cast, work_type)
@@ -253,7 +252,7 @@ class TritonWriter:
                 return scope[key]
         var = self.fresh("t")
         if self.row_pair is not None and strides[1] == 0 and strides[0] != 0:
-            rows, row = self.row_pair
+            rows = self.row_pair[0]
             first = load_cast(f"tl.load(in{self.index[node]} + r0 * {strides[0]})", meta_of(node).dtype)
             second = load_cast(f"tl.load(in{self.index[node]} + (r0 + 1) * {strides[0]}, mask=r0 + 1 < {rows}, "
                                "other=0)", meta_of(node).dtype)
@@ -446,14 +445,13 @@ class TritonWriter:
         reductions = [n for n in nest.nodes if packet_name(n.target) in REDUCTIONS]
         outer_nodes = [n for n in nest.nodes if nest.level[n] == "outer" and n not in reductions]
         outputs = dict(nest.outputs)
-        online = online_pairs(nest)      # sums of exponentials computed in their maximum's pass
         for p in range(nest.passes + 1):
             for node in outer_nodes:
                 if nest.pass_of[node] == p:
                     self.compute(1, node, "outer")
             if p == nest.passes:
                 break
-            these = [r for r in reductions if nest.pass_of[r] == p + 1 and r not in online.values()]
+            these = [r for r in reductions if nest.pass_of[r] == p + 1]
             stores = [n for n in full_nodes if n in outputs and nest.pass_of[n] == p]
             if not these and not stores:
                 continue
@@ -461,8 +459,6 @@ class TritonWriter:
             for r in these:
                 for line in accumulator_init(r):
                     self.emit(1, line)
-                if r in online:
-                    self.emit(1, f"acc_{online[r].name} = tl.full([XBLOCK, RBLOCK], 0, {work_type(online[r])})")
             self.emit(1, f"for roff in range(0, {self.red_total}, RBLOCK):")
             self.emit(2, "rr = roff + rbase")
             self.rmask = None
@@ -479,14 +475,8 @@ class TritonWriter:
             for node in needed:
                 self.compute(2, node, "full")
             for r in these:
-                value = self.reduce_source(2, r)
-                if r in online:
-                    self.emit(2, f"prev_{online[r].name} = acc_{r.name}")
-                for line in accumulator_update(r, value, self.rmask):
+                for line in accumulator_update(r, self.reduce_source(2, r), self.rmask):
                     self.emit(2, line)
-                if r in online:
-                    for line in online_update(r, online[r], value, self.rmask):
-                        self.emit(2, line)
             for node in stores:
                 self.store(2, node, outputs[node].strides, "full")
             self.lines[mark:mark] = self.decompose(2, "rr", list(nest.reduced))
@@ -496,10 +486,6 @@ class TritonWriter:
             self.rmask = self.pmask = None
             for r in these:
                 self.finish_accumulator(1, r)
-                if r in online:
-                    for line in online_finish(r, online[r]):
-                        self.emit(1, line)
-                    self.var[online[r]], self.dims[online[r]] = f"v_{online[r].name}", frozenset({"x"})
 
     # -- reductions --------------------------------------------------------------------------
     def reduce_source(self, depth: int, node: torch.fx.Node) -> str:
@@ -530,7 +516,7 @@ class TritonWriter:
 
 
 PLACEHOLDER = "pp_kernel_name_"
-VARIABLE_PREFIXES = ("v", "a", "acc", "nan", "idx", "take", "p", "prev")
+VARIABLE_PREFIXES = ("v", "a", "acc", "nan", "idx", "take", "p")
 PLAIN_OPS = ("add", "sub", "mul", "div", "neg", "where", "clone")   # named last in a kernel's name
 
 
