@@ -116,6 +116,20 @@ def triton_interpreter_ready(request: pytest.FixtureRequest) -> bool:
     return True
 
 
+def record_triton_graphs(monkeypatch: pytest.MonkeyPatch, seen) -> None:
+    """Call ``seen(graph)`` with every graph the Triton branch of ``codegen`` produces (for the
+    interpreter modules, which inspect the kernels it made)."""
+    from passes.codegen import triton_runtime
+    original = triton_runtime.generate
+
+    def recording(graph, context, **kwargs):
+        out = original(graph, context, **kwargs)
+        seen(out)
+        return out
+
+    monkeypatch.setattr(triton_runtime, "generate", recording)
+
+
 def rerun_with_interpreter(module_file: str) -> None:
     """The body of an interpreter module's ``test_module_in_a_fresh_process``: only when something
     imported triton before the module could set ``TRITON_INTERPRET`` (the interpreter needs it at

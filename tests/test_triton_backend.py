@@ -27,7 +27,7 @@ from pipeline import compilation_of, compile_with_plan  # noqa: E402
 from pipeline.fused import FusedGroup  # noqa: E402
 from pipeline.numerics import compare  # noqa: E402
 from pipeline.testing import assert_preserves_semantics, graphs  # noqa: E402
-from conftest import rerun_with_interpreter, triton_interpreter_ready  # noqa: E402
+from conftest import record_triton_graphs, rerun_with_interpreter, triton_interpreter_ready  # noqa: E402
 from sample_functions import (layer_norm, log_softmax, mask_inputs, masks, padded_rows, padded_softmax,  # noqa: E402
                               rms_norm, softmax)
 
@@ -50,17 +50,14 @@ def _record_kernels(monkeypatch, request):
     if not triton_interpreter_ready(request):
         yield
         return
-    original = triton_runtime.generate
 
-    def recording(graph, context, **kwargs):
-        out = original(graph, context, **kwargs)
-        LAST["graph"] = out
-        for node in out.graph.nodes:
+    def seen(graph):
+        LAST["graph"] = graph
+        for node in graph.graph.nodes:
             if isinstance(node.target, triton_runtime.TritonKernel):
                 GENERATED.setdefault(str(node.target.path), node.target)
-        return out
 
-    monkeypatch.setattr(triton_runtime, "generate", recording)
+    record_triton_graphs(monkeypatch, seen)
     yield
 
 

@@ -26,7 +26,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from pipeline import compilation_of, compile_with_plan  # noqa: E402
 from pipeline.numerics import compare  # noqa: E402
-from conftest import rerun_with_interpreter, triton_interpreter_ready  # noqa: E402
+from conftest import record_triton_graphs, rerun_with_interpreter, triton_interpreter_ready  # noqa: E402
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
@@ -42,14 +42,11 @@ def _record_kernels(monkeypatch, request):
     if not triton_interpreter_ready(request):
         yield
         return
-    original = triton_runtime.generate
 
-    def recording(graph, context, **kwargs):
-        out = original(graph, context, **kwargs)
-        KERNELS[:] = [n.target for n in out.graph.nodes if isinstance(n.target, triton_runtime.TritonKernel)]
-        return out
+    def seen(graph):
+        KERNELS[:] = [n.target for n in graph.graph.nodes if isinstance(n.target, triton_runtime.TritonKernel)]
 
-    monkeypatch.setattr(triton_runtime, "generate", recording)
+    record_triton_graphs(monkeypatch, seen)
     yield
 
 
