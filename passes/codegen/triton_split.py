@@ -113,7 +113,7 @@ class PartialWriter(TritonWriter):
         nest, plan = self.nest, self.plan
         rows = math.prod(nest.sizes[a] for a in nest.reduced)
         self.red_total = rows
-        self.emit(1, "pid = tl.program_id(0)")
+        self.emit(1, "pid = tl.program_id(0).to(tl.int64)" if self.int64 else "pid = tl.program_id(0)")
         self.emit(1, f"xo = (pid % {plan.columns}) * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
         self.emit(1, f"start = (pid // {plan.columns}) * {plan.chunk}")
         if plan.outer % self.blocks.xblock:
