@@ -163,7 +163,7 @@ class Codegen(Pass):
 
     name = "codegen"
     Options = CodegenOptions
-    version = "7"
+    version = "8"
     requires = frozenset({"fused"})
     provides = frozenset({"codegen"})
 
