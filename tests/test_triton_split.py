@@ -78,6 +78,15 @@ def test_wide_column_sums_split_rather_than_narrow_their_programs():
     assert "'XBLOCK': 64" in kernel.partial.source
 
 
+def test_a_split_kernel_called_with_other_strides_runs_its_group_eagerly():
+    g, h, w = torch.randn(2048, 40), torch.randn(2048, 40), torch.randn(40)
+    run(bias_gradients, g, h, w)
+    [kernel] = split_kernels()
+    transposed = torch.randn(40, 2048).t()          # the same shape, other strides
+    with torch.no_grad():
+        assert compare(bias_gradients(transposed, h, w), kernel(transposed, h, w)) is None
+
+
 def test_half_precision_columns_round_like_eager():
     g = torch.randn(1536, 24).to(torch.float16)
     run(lambda t: (t.sum(0), t.float().sum(0) * 3), g)

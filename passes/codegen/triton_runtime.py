@@ -40,7 +40,6 @@ from .cpp_build import cache_dir as _cache_dir
 from .triton_autotune import candidate_blocks
 from .triton_pitch import pitch_nest, storage_covers
 from .triton_source import TritonSource, kernel_source
-from .triton_split import build_split_kernel, split_plan
 
 _modules: dict[tuple[str, bool], ModuleType] = {}
 _lock = threading.Lock()
@@ -227,6 +226,11 @@ class TritonKernel(CompiledKernel):
                 return self._launch_direct(fast, inputs, pointers, donors, reuse)
         return self._call(inputs, donors, reuse)
 
+    def unfit(self, inputs: tuple) -> Any:
+        """What a call with inputs the kernel was not built for returns: the group's outputs,
+        computed eagerly."""
+        return self.group(*inputs)
+
     def _launch_direct(self, fast: tuple, inputs: tuple, pointers: list, donors: tuple, reuse: tuple) -> tuple:
         """The fast path: allocate the outputs and call the compiled kernel's launcher with raw
         pointers (ints: Triton's launcher then skips its per-pointer ``data_ptr()`` call and
@@ -251,7 +255,7 @@ class TritonKernel(CompiledKernel):
         """First launches, other devices, unexpected strides (eager), CPU tensors (interpreter)."""
         for tensor, strides in zip(inputs, self.in_strides):
             if tensor.stride() != strides or tensor.device.type != self.device.type:
-                return self.group(*inputs)
+                return self.unfit(inputs)
         device = inputs[0].device if inputs else self.device
         outs = output_buffers(self.outputs, inputs, donors, reuse,
                               lambda shape, stride, dtype: torch.empty_strided(shape, stride, dtype=dtype, device=device))
@@ -356,6 +360,8 @@ def generate(graph: torch.fx.GraphModule, context: Any, *, emulate_precision: bo
     With ``pitch_rows``, nests over padded rows run over the padded extent (triton_pitch.py); with
     ``split_reductions``, strided-axis reductions with few programs run in two kernels
     (triton_split.py)."""
+    from .triton_split import build_split_kernel, split_plan   # it builds on TritonKernel
+
     interpret = interpreting()
     blocked = triton_missing()
     if blocked is None and interpret:

@@ -34,8 +34,9 @@ from pipeline.fused import REDUCTIONS, CompiledKernel, FusedGroup, meta_of, pack
 from pipeline.loops import LoopNest, closure
 
 from .triton_ops import accumulator_init, accumulator_update, reduce_tile, work_type
-from .triton_source import (MIN_PROGRAMS, OUTER_XBLOCK, Blocks, TritonWriter, choose_blocks, next_pow2,
-                            reduces_contiguous_axis)
+from .triton_runtime import TritonKernel, load_module, write_source
+from .triton_source import (MIN_PROGRAMS, OUTER_XBLOCK, Blocks, TritonWriter, choose_blocks, kernel_source,
+                            next_pow2, reduces_contiguous_axis)
 
 SPLIT_OPS = ("aten.sum", "prims.sum", "aten.amax", "aten.amin")
 MIN_ROWS = 1024              # reduced elements below which one kernel is enough
@@ -91,14 +92,23 @@ def split_plan(nest: LoopNest) -> SplitPlan | None:
                      combine=Blocks(True, cx, sblock, -(-outer // cx), max(1, min(4, cx * sblock // 256))))
 
 
-class PartialWriter(TritonWriter):
-    """The first stage: each reduction's partial result over one chunk of the reduced axis."""
+class _StageWriter(TritonWriter):
+    """A writer of one stage of a split nest: its launch shape comes from the plan."""
+
+    stage = ""      # "partial" or "combine": the plan's Blocks for this stage
 
     def __init__(self, nest: LoopNest, name: str, *, emulate_precision: bool, blocks: Blocks | None = None,
                  plan: SplitPlan):
-        super().__init__(nest, name, emulate_precision=emulate_precision, blocks=blocks or plan.partial)
+        super().__init__(nest, name, emulate_precision=emulate_precision,
+                         blocks=blocks or getattr(plan, self.stage))
         self.plan = plan
         self.reductions = _reductions(nest)
+
+
+class PartialWriter(_StageWriter):
+    """The first stage: each reduction's partial result over one chunk of the reduced axis."""
+
+    stage = "partial"
 
     def parameters(self) -> dict:
         signature = {f"in{i}": sig for i, sig in enumerate(super().parameters().values())
@@ -151,14 +161,10 @@ class PartialWriter(TritonWriter):
         self.lines[mark:mark] = self.decompose(1, "xo", nest.outer_axes)
 
 
-class CombineWriter(TritonWriter):
+class CombineWriter(_StageWriter):
     """The second stage: reduce each reduction's partials, then the group's epilogue and outputs."""
 
-    def __init__(self, nest: LoopNest, name: str, *, emulate_precision: bool, blocks: Blocks | None = None,
-                 plan: SplitPlan):
-        super().__init__(nest, name, emulate_precision=emulate_precision, blocks=blocks or plan.combine)
-        self.plan = plan
-        self.reductions = _reductions(nest)
+    stage = "combine"
 
     def parameters(self) -> dict:
         base = super().parameters()
@@ -215,11 +221,10 @@ class SplitKernel(CompiledKernel):
         return self.combine.__name__
 
     def __call__(self, *inputs: torch.Tensor, donors: tuple = (), reuse: tuple = ()) -> tuple:
-        partial = self.partial
-        if tuple(t.stride() for t in inputs) != partial.in_strides or (
-                inputs and inputs[0].device.type != partial.device.type):
+        partials = self.partial(*inputs)
+        if partials is None:        # strides or a device the kernels were not built for
             return self.group(*inputs)
-        return self.combine(*inputs, *partial(*inputs), reuse=reuse)
+        return self.combine(*inputs, *partials, reuse=reuse)
 
     def to_data(self, codec: Any) -> dict:
         """Plain data for the compile cache: the group and both kernels' descriptions."""
@@ -228,9 +233,16 @@ class SplitKernel(CompiledKernel):
 
     @classmethod
     def from_data(cls, data: dict, codec: Any) -> "SplitKernel":
-        from .triton_runtime import TritonKernel
-        return cls(codec.group_from_data(data["group"]), TritonKernel.from_data(data["partial"], codec),
+        return cls(codec.group_from_data(data["group"]), PartialKernel.from_data(data["partial"], codec),
                    TritonKernel.from_data(data["combine"], codec))
+
+
+class PartialKernel(TritonKernel):
+    """The partial stage's kernel: its outputs are workspaces, so inputs it was not built for
+    give None (the :class:`SplitKernel` then runs the group eagerly) instead of group outputs."""
+
+    def unfit(self, inputs: tuple) -> None:
+        return None
 
 
 def workspace_values(nest: LoopNest, plan: SplitPlan) -> list[torch.Tensor]:
@@ -243,17 +255,15 @@ def build_split_kernel(group: FusedGroup, nest: LoopNest, plan: SplitPlan, *, em
                        directory: Any, persistent: bool, interpret: bool) -> tuple[SplitKernel, list]:
     """The split reduction's two kernels written, loaded and wrapped, and (kernel, argument dtypes)
     per stage for codegen's parallel compile."""
-    from .triton_runtime import TritonKernel, load_module, write_source
-    from .triton_source import kernel_source
-
     placeholders = [n for n in group.subgraph.graph.nodes if n.op == "placeholder"]
     inputs = [meta_of(p) for p in placeholders]
     workspaces = workspace_values(nest, plan)
     outputs = [meta_of(n) for n, _ in nest.outputs]
     stages = []
-    for writer, ins, outs in ((PartialWriter, inputs, workspaces), (CombineWriter, inputs + workspaces, outputs)):
+    for kind, writer, ins, outs in ((PartialKernel, PartialWriter, inputs, workspaces),
+                                    (TritonKernel, CombineWriter, inputs + workspaces, outputs)):
         source = kernel_source(nest, emulate_precision=emulate_precision, writer=functools.partial(writer, plan=plan))
         path, _ = write_source(source.source, directory, persistent=persistent)
-        stage = TritonKernel(group, source, load_module(path, interpret=interpret), path, ins, outs)
+        stage = kind(group, source, load_module(path, interpret=interpret), path, ins, outs)
         stages.append((stage, [v.dtype for v in ins + outs]))
     return SplitKernel(group, stages[0][0], stages[1][0]), stages
