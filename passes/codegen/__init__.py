@@ -163,7 +163,7 @@ class Codegen(Pass):
 
     name = "codegen"
     Options = CodegenOptions
-    version = "8"
+    version = "9"
     requires = frozenset({"fused"})
     provides = frozenset({"codegen"})
 

@@ -39,7 +39,7 @@ float erff(float) noexcept PP_SIMD; float powf(float, float) noexcept PP_SIMD;
 #define PP_UNARY(name) \
   static inline float pp_##name(float x) { return name##f(x); } \
   static inline double pp_##name(double x) { return std::name(x); }
-PP_UNARY(exp) PP_UNARY(exp2) PP_UNARY(expm1) PP_UNARY(log) PP_UNARY(log1p) PP_UNARY(log2)
+PP_UNARY(expm1) PP_UNARY(log) PP_UNARY(log1p) PP_UNARY(log2)
 PP_UNARY(sin) PP_UNARY(cos) PP_UNARY(tan) PP_UNARY(tanh) PP_UNARY(atan) PP_UNARY(asin)
 PP_UNARY(acos) PP_UNARY(sinh) PP_UNARY(cosh) PP_UNARY(erf)
 static inline float pp_pow(float x, float y) { return powf(x, y); }
@@ -55,6 +55,40 @@ template <typename T> static inline T pp_select(bool c, T a, T b) {
     return c ? a : b;
   }
 }
+
+// float exp and exp2 written out instead of called: inside a `#pragma omp simd` loop they compile
+// to vector code in registers, about 1.2x faster than libmvec's expf on the 2-core AVX2 CI machines
+// (and 1.7x faster than eager's exp there). Measured by tests/test_cpp_math.py over a dense sample
+// of all floats: within 1 ulp; NaN, infinities, overflow to inf and gradual underflow as in libm.
+// (erf stays libmvec's: a written-out erf evaluating both of its branches was slower.)
+static inline float pp_exp_reduced(float r) {          // exp(r) for |r| <= ln(2)/2 (fitted, rel. 3e-9)
+  float q = std::fma(0.00138146116f, r, 0.00836871006f);
+  q = std::fma(q, r, 0.041668389f); q = std::fma(q, r, 0.166665211f); q = std::fma(q, r, 0.49999994f);
+  return std::fma(r * r, q, r) + 1.0f;
+}
+// exp(r) * 2**k, where shifted = y + 1.5 * 2**23 holds k = round(y) (y in [-151, 129]) in its low
+// mantissa bits: no float-to-int conversion, whose NaN case is undefined (NaN passes through r).
+// The power of two is applied in two factors so that overflow gives inf and underflow denormals.
+static inline float pp_exp_scaled(float shifted, float r) {
+  uint32_t bits; std::memcpy(&bits, &shifted, 4);
+  const uint32_t ki = bits - 0x4b400000u;                        // k as two's complement
+  const uint32_t k1 = static_cast<uint32_t>(static_cast<int32_t>(ki) >> 1), k2 = ki - k1;
+  const uint32_t b1 = (k1 + 127u) << 23, b2 = (k2 + 127u) << 23;
+  float s1, s2; std::memcpy(&s1, &b1, 4); std::memcpy(&s2, &b2, 4);
+  return pp_exp_reduced(r) * s1 * s2;
+}
+static inline float pp_exp(float x) {
+  const float xc = pp_select(x > 89.0f, 89.0f, pp_select(x < -104.0f, -104.0f, x));  // NaN stays
+  const float shifted = xc * 1.44269504088896341f + 12582912.0f, k = shifted - 12582912.0f;
+  return pp_exp_scaled(shifted, std::fma(k, -1.428606765330187e-06f, std::fma(k, -0.693145751953125f, xc)));
+}
+static inline float pp_exp2(float x) {
+  const float xc = pp_select(x > 129.0f, 129.0f, pp_select(x < -151.0f, -151.0f, x));
+  const float shifted = xc + 12582912.0f, k = shifted - 12582912.0f;
+  return pp_exp_scaled(shifted, (xc - k) * 0.693147180559945309f);
+}
+static inline double pp_exp(double x) { return std::exp(x); }
+static inline double pp_exp2(double x) { return std::exp2(x); }
 
 static inline float bf16_to_f(uint16_t v) {
   uint32_t u = static_cast<uint32_t>(v) << 16; float f; std::memcpy(&f, &u, 4); return f;
