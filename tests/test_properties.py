@@ -134,6 +134,22 @@ def test_pad_mm_pads_a_twice_transposed_weight_in_its_own_layout():
     assert pads and all(meta_of(n.args[0]).is_contiguous() for n in pads)
 
 
+@FAST
+@given(st.integers(1, 300), st.integers(1, 40), st.integers(1, 40), st.booleans(), st.booleans())
+def test_transpose_weights_preserves_semantics(rows, inner, outer, bias, parameter):
+    from passes.transpose_weights import TransposeWeights, TransposeWeightsOptions
+
+    def linear(x, w, b):
+        return torch.nn.functional.linear(x, w, b if bias else None).relu()
+
+    weight = torch.randn(outer, inner)
+    inputs = [torch.randn(rows, inner), torch.nn.Parameter(weight, requires_grad=False) if parameter else weight,
+              torch.randn(outer)]
+    pass_ = TransposeWeights(TransposeWeightsOptions(enabled=True))
+    with torch.no_grad():
+        assert_preserves_semantics(pass_, compat_trace(linear, inputs), inputs)
+
+
 def compat_trace(fn, inputs):
     """An ATen-level graph of ``fn`` (mm/addmm/t nodes, which pad-mm rewrites)."""
     from pipeline import compat
