@@ -312,6 +312,38 @@ def test_module_in_a_fresh_process():
     rerun_with_interpreter(__file__)
 
 
+def test_launchers_are_built_on_the_pool_once_per_distinct_signature(monkeypatch):
+    """After the parallel compile, each distinct kernel signature's launcher (a C stub Triton
+    builds with the host compiler at a first launch) is built on the pool; a failing build is
+    left to that first launch."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+    from types import SimpleNamespace
+
+    from triton.runtime import driver
+
+    from passes.codegen.triton_precompile import build_launchers
+
+    built = []
+
+    def launcher_cls(src, metadata):
+        built.append((src.signature["x"], threading.current_thread().name))
+        if src.signature["x"] == "*fp16":
+            raise RuntimeError("the C compiler failed")
+
+    monkeypatch.setattr(driver, "_active", SimpleNamespace(launcher_cls=launcher_cls))
+
+    def binary(pointer: str, block: int = 64):
+        return SimpleNamespace(src=SimpleNamespace(signature={"x": pointer, "n": "i32"}, constants={"BLOCK": block}),
+                               metadata=object())
+
+    binaries = [binary("*fp32"), binary("*fp32"), binary("*fp32", 128), binary("*fp16"), None, object()]
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="triton-compile") as pool:
+        assert build_launchers(binaries, pool) == 3
+    assert sorted(sig for sig, _ in built) == ["*fp16", "*fp32", "*fp32"]
+    assert all(name.startswith("triton-compile") for _, name in built)
+
+
 def test_precompile_submits_each_distinct_kernel_once_under_tritons_async_compile_mode():
     """The orchestration of codegen's parallel compile (the compile itself needs a GPU:
     tests/test_gpu_runtime.py): one warm-up per distinct (function, dtypes, launch constants),
@@ -320,7 +352,7 @@ def test_precompile_submits_each_distinct_kernel_once_under_tritons_async_compil
 
     from triton.runtime import _async_compile
 
-    from passes.codegen.triton_runtime import precompile
+    from passes.codegen.triton_precompile import precompile
 
     calls = []
 

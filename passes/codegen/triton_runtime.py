@@ -15,14 +15,12 @@ interpreted kernels cannot compile for a GPU any more (the interpreter patches
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.util
 import os
 import sys
 import tempfile
 import threading
-import time
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -39,6 +37,7 @@ from pipeline.loops import UnsupportedGroup, analyze
 from .cpp_build import cache_dir as _cache_dir
 from .triton_autotune import candidate_blocks
 from .triton_pitch import pitch_nest, storage_covers
+from .triton_precompile import precompile
 from .triton_source import TritonSource, kernel_source
 
 _modules: dict[tuple[str, bool], ModuleType] = {}
@@ -445,43 +444,6 @@ def generate(graph: torch.fx.GraphModule, context: Any, *, emulate_precision: bo
             context.note(f"{compiled} distinct Triton kernel binaries compiled by {compile_workers} thread(s) "
                          f"in {seconds:.2f} s before the first launch")
     return graph
-
-
-def _on_device(device: torch.device) -> Any:
-    """``torch.cuda.device`` of ``device`` (the JIT compiles for the current device), or nothing
-    where this torch has no CUDA."""
-    if not torch.cuda.is_available():
-        return contextlib.nullcontext()
-    return torch.cuda.device(device.index if device.index is not None else torch.cuda.current_device())
-
-
-def precompile(kernels: list[tuple["TritonKernel", list[torch.dtype]]], workers: int) -> tuple[int, float]:
-    """Compile the binaries of ``kernels`` (each with the dtypes of its inputs and outputs) on a
-    pool of ``workers`` threads, before their first launch, through Triton's own ahead-of-time path
-    (``JITFunction.warmup`` under ``triton.AsyncCompileMode``): each lands in its JIT function's
-    in-memory cache under the key a launch with 16-byte-aligned tensors computes, so that launch
-    compiles nothing. Triton's compile spends most of its time outside the GIL (MLIR passes,
-    ptxas). A kernel that fails to compile here is left alone: its first launch compiles it again
-    and takes the usual way out (other launch shapes, then an error naming it). Returns (distinct
-    kernels submitted, seconds)."""
-    try:
-        from triton import AsyncCompileMode
-    except ImportError:   # an older Triton: every kernel compiles at its first launch
-        return 0, 0.0
-    from concurrent.futures import ThreadPoolExecutor
-
-    started = time.perf_counter()
-    seen: set = set()
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="triton-compile") as pool, \
-            AsyncCompileMode(pool, ignore_errors=True):
-        for kernel, dtypes in kernels:
-            key = (id(kernel.function), kernel.device, tuple(dtypes), tuple(sorted(kernel.kwargs.items())))
-            if key in seen or kernel.empty:
-                continue
-            seen.add(key)
-            with _on_device(kernel.device):
-                kernel.function.warmup(*dtypes, grid=kernel.generated.grid, **kernel.kwargs)
-    return len(seen), time.perf_counter() - started
 
 
 def _other_launch_shapes(nest: Any, generated: TritonSource, emulate_precision: bool, directory: Any,
