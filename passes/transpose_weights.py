@@ -30,6 +30,7 @@ import torch.fx
 
 from pipeline import Pass, PassContext, device_types, option, positive
 from pipeline.fused import meta_of
+from pipeline.ir import transposed_matrix
 
 aten = torch.ops.aten
 
@@ -125,13 +126,8 @@ class TransposeWeights(Pass):
             return None
         if not isinstance(rows, torch.Tensor) or not isinstance(rows.shape[0], int) or rows.shape[0] > self.options.max_rows:
             return None
-        if not isinstance(right, torch.fx.Node) or right.op != "call_function":
-            return None
-        if not (right.target is aten.t.default or (right.target is aten.permute.default and list(right.args[1]) == [1, 0])):
-            return None
-        weight = right.args[0]
-        value = meta_of(weight)
-        if weight not in placeholders or not isinstance(value, torch.Tensor) or value.dim() != 2:
+        weight = transposed_matrix(right)
+        if weight is None or weight not in placeholders:
             return None
         return right
 

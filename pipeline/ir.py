@@ -114,3 +114,17 @@ def saved_for_backward(backward: torch.fx.GraphModule) -> dict:
             activations[storage] = max(activations.get(storage, 0), size)
     return {"tensors": tensors, "total_bytes": sum(storages.values()),
             "activation_bytes": sum(activations.values()), "symints": symints}
+
+
+def transposed_matrix(node: Any) -> torch.fx.Node | None:
+    """``w`` when ``node`` is ``t(w)`` or ``permute(w, [1, 0])`` of a 2-D ``w`` (how ATen spells a
+    linear layer's ``weight.t()``); else None."""
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function":
+        return None
+    aten = torch.ops.aten
+    if node.target is aten.t.default or (node.target is aten.permute.default and list(node.args[1]) == [1, 0]):
+        matrix = node.args[0]
+        value = matrix.meta.get("val") if isinstance(matrix, torch.fx.Node) else None
+        if isinstance(value, torch.Tensor) and value.dim() == 2:
+            return matrix
+    return None

@@ -34,6 +34,7 @@ import torch.fx
 
 from pipeline import compat
 from pipeline.fused import CompiledKernel, meta_of
+from pipeline.ir import transposed_matrix
 
 aten = torch.ops.aten
 
@@ -136,18 +137,6 @@ def fold_views(gm: torch.fx.GraphModule) -> int:
 
 
 # -- linear --------------------------------------------------------------------------------------
-def _transposed_weight(node: Any) -> torch.fx.Node | None:
-    """``w`` when ``node`` is ``permute(w, [1, 0])`` or ``t(w)`` of a 2-D ``w``."""
-    if not isinstance(node, torch.fx.Node) or node.op != "call_function":
-        return None
-    if node.target is aten.t.default or (node.target is aten.permute.default and list(node.args[1]) == [1, 0]):
-        weight = node.args[0]
-        value = meta_of(weight)
-        if isinstance(weight, torch.fx.Node) and isinstance(value, torch.Tensor) and value.dim() == 2:
-            return weight
-    return None
-
-
 def lower_linear(gm: torch.fx.GraphModule) -> int:
     """``addmm(b, x, w.T)`` and ``mm(x, w.T)`` with default scalars become ``linear(x, w[, b])``
     (ATen computes linear of 2-D operands with exactly that addmm/mm); returns the count."""
@@ -162,7 +151,7 @@ def lower_linear(gm: torch.fx.GraphModule) -> int:
             bias, (x, transposed) = None, node.args
         else:
             continue
-        weight = _transposed_weight(transposed)
+        weight = transposed_matrix(transposed)
         x_value = meta_of(x)
         if weight is None or not isinstance(x_value, torch.Tensor) or x_value.dim() != 2:
             continue
