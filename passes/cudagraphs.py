@@ -39,6 +39,7 @@ import torch.fx
 from pipeline import Pass, PassContext, compat, option, positive
 from pipeline.errors import PipelineError
 from pipeline.fused import meta_of
+from pipeline.ir import is_static_input
 
 aten = torch.ops.aten
 
@@ -148,11 +149,6 @@ def shared_pool(device: int) -> Any:
         if device not in _pools:
             _pools[device] = torch.cuda.graph_pool_handle()
         return _pools[device]
-
-
-def is_static_input(value: Any) -> bool:
-    """A parameter or buffer: Dynamo marks them, and they keep their address between calls."""
-    return isinstance(value, torch.nn.Parameter) or getattr(value, "_dynamo_static_input_type", None) is not None
 
 
 class CudaGraphRunner:

@@ -30,7 +30,7 @@ import torch.fx
 
 from pipeline import Pass, PassContext, device_types, option, positive
 from pipeline.fused import meta_of
-from pipeline.ir import transposed_matrix
+from pipeline.ir import is_static_input, transposed_matrix
 
 aten = torch.ops.aten
 
@@ -46,15 +46,10 @@ class TransposeWeightsOptions:
     devices: list[str] = option(["cpu"], "Devices whose matmuls read copies.", check=device_types)
 
 
-def is_static_input(value: Any) -> bool:
-    """A parameter or buffer (Dynamo marks buffers as static inputs): the same tensor every call."""
-    return isinstance(value, torch.nn.Parameter) or getattr(value, "_dynamo_static_input_type", None) is not None
-
-
 class TransposedWeight:
     """``weight.t()`` for a matmul: for a parameter or buffer a contiguous copy, kept while the
     weight is unchanged (same object, address and version counter); for any other tensor the
-    transposed view. ``copies`` counts the copies made (a test and the report read it)."""
+    transposed view. ``copies`` counts the copies made (tests read it)."""
 
     __name__ = "transposed_weight"
 
@@ -106,6 +101,8 @@ class TransposeWeights(Pass):
             if weight not in made:
                 with graph.graph.inserting_after(weight):
                     made[weight] = graph.graph.call_function(TransposedWeight(), (weight,))
+                # The example value is the view's: the node's value is either layout (a kept
+                # copy or the view), which its only consumers, ATen matmuls, both accept.
                 made[weight].meta["val"] = meta_of(transposed)
             node.replace_input_with(transposed, made[weight])
             context.note(f"{node.name} reads a kept copy of {weight.name}.t()")
@@ -132,4 +129,4 @@ class TransposeWeights(Pass):
         return right
 
 
-__all__ = ["TransposeWeights", "TransposedWeight", "TransposeWeightsOptions", "is_static_input"]
+__all__ = ["TransposeWeights", "TransposedWeight", "TransposeWeightsOptions"]

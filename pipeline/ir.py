@@ -128,3 +128,9 @@ def transposed_matrix(node: Any) -> torch.fx.Node | None:
         if isinstance(value, torch.Tensor) and value.dim() == 2:
             return matrix
     return None
+
+
+def is_static_input(value: Any) -> bool:
+    """A parameter or buffer (Dynamo marks buffers as static inputs): the same tensor, at the same
+    address, in every call of a compiled graph."""
+    return isinstance(value, torch.nn.Parameter) or getattr(value, "_dynamo_static_input_type", None) is not None
