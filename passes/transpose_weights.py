@@ -1,11 +1,12 @@
 """``transpose-weights``: give small-batch matmuls a row-major copy of the weights they read transposed.
 
 ``linear`` multiplies by ``weight.t()``, a transposed view, and the CPU BLAS repacks that view on
-every call. With few rows the repacking is a visible part of the call: an MLP of 8 Linear(256)
-layers at batch 128 runs 8-11 % faster on the CI's 2-core machine when its matmuls read contiguous
-copies of the transposes (512 rows: no gain). This pass makes ``mm``/``addmm`` with at most
-``max_rows`` rows read their transposed weight through a :class:`TransposedWeight`, which keeps
-that copy between calls.
+every call. With few rows the repacking is a visible part of the call: on the CI's 2-core machine
+the eight ``addmm`` calls of an MLP of 8 Linear(256) layers at batch 128 run 12-19 % faster on
+contiguous copies of the transposes (512 rows: no gain). Through the compiled model the gain is
+2-4 %: Dynamo's guards and the host code take about 100 µs of its 1.3 ms call. This pass makes
+``mm``/``addmm`` with at most ``max_rows`` rows read their transposed weight through a
+:class:`TransposedWeight`, which keeps that copy between calls.
 
 The copy is remade whenever the weight is seen to change: each call checks that the weight is the
 same tensor object, at the same address, with the same version counter (every in-place update
