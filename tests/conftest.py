@@ -130,6 +130,24 @@ def record_triton_graphs(monkeypatch: pytest.MonkeyPatch, seen) -> None:
     monkeypatch.setattr(triton_runtime, "generate", recording)
 
 
+def record_kernels(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest, into: list,
+                   keep) -> None:
+    """The set-up of an interpreter module's autouse fixture: a fresh Dynamo and seed (sums of
+    thousands of fp32 values: the same inputs in any test order), then, when the interpreter is
+    usable, ``into`` refilled after every compile with the final graph's call targets that
+    ``keep`` accepts."""
+    import torch
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    if not triton_interpreter_ready(request):
+        return
+
+    def seen(graph):
+        into[:] = [n.target for n in graph.graph.nodes if keep(n.target)]
+
+    record_triton_graphs(monkeypatch, seen)
+
+
 def rerun_with_interpreter(module_file: str) -> None:
     """The body of an interpreter module's ``test_module_in_a_fresh_process``: only when something
     imported triton before the module could set ``TRITON_INTERPRET`` (the interpreter needs it at

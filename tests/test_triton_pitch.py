@@ -26,7 +26,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from pipeline import compilation_of, compile_with_plan  # noqa: E402
 from pipeline.numerics import compare  # noqa: E402
-from conftest import record_triton_graphs, rerun_with_interpreter, triton_interpreter_ready  # noqa: E402
+from conftest import record_kernels, rerun_with_interpreter  # noqa: E402
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
@@ -36,17 +36,8 @@ KERNELS: list = []      # the Triton kernels of the last compile
 
 @pytest.fixture(autouse=True)
 def _record_kernels(monkeypatch, request):
-    torch._dynamo.reset()
-    torch.manual_seed(0)        # sums of thousands of fp32 values: keep the inputs the same in any test order
     from passes.codegen import triton_runtime
-    if not triton_interpreter_ready(request):
-        yield
-        return
-
-    def seen(graph):
-        KERNELS[:] = [n.target for n in graph.graph.nodes if isinstance(n.target, triton_runtime.TritonKernel)]
-
-    record_triton_graphs(monkeypatch, seen)
+    record_kernels(monkeypatch, request, KERNELS, lambda target: isinstance(target, triton_runtime.TritonKernel))
     yield
 
 

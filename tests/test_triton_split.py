@@ -20,7 +20,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from pipeline import compilation_of, compile_with_plan  # noqa: E402
 from pipeline.numerics import compare  # noqa: E402
-from conftest import record_triton_graphs, rerun_with_interpreter, triton_interpreter_ready  # noqa: E402
+from conftest import record_kernels, rerun_with_interpreter  # noqa: E402
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
@@ -30,16 +30,7 @@ KERNELS: list = []      # what the last compile's codegen put in place of its gr
 
 @pytest.fixture(autouse=True)
 def _record_kernels(monkeypatch, request):
-    torch._dynamo.reset()
-    torch.manual_seed(0)        # sums of thousands of fp32 values: keep the inputs the same in any test order
-    if not triton_interpreter_ready(request):
-        yield
-        return
-
-    def seen(graph):
-        KERNELS[:] = [n.target for n in graph.graph.nodes if hasattr(n.target, "group")]
-
-    record_triton_graphs(monkeypatch, seen)
+    record_kernels(monkeypatch, request, KERNELS, lambda target: hasattr(target, "group"))
     yield
 
 
