@@ -10,7 +10,8 @@ config, 6 layers, d768) b8 s512 under bf16 autocast. ``--small`` shrinks both to
 tests of the code path). All variants are compiled first, each training its own copy of the same
 initial weights, then timed in interleaved rounds. Per variant: median ms per step; on CUDA the step's peak memory
 (``torch.cuda.max_memory_allocated`` during a step minus what was allocated when it started:
-activations, gradients and temporaries, not the weights or optimizer state); for ours, the bytes
+activations, gradients and temporaries, not the weights or optimizer state; for a plan recording
+CUDA graphs, plus what their memory pool keeps allocated between steps); for ours, the bytes
 the forward saves for the backward from the compile report; and the first step's loss and
 gradients compared with eager's from the same weights (relative error of the loss, largest
 relative error over parameter gradients).
@@ -137,6 +138,15 @@ def peak_step_mb(step: Callable[[], Any]) -> float:
     return (torch.cuda.max_memory_allocated() - before) / 2**20
 
 
+def graph_pool_mb(device: str) -> float:
+    """MiB held by the memory pool of our recorded CUDA graphs (activations, temporaries and
+    buffers that stay allocated between steps, so a step's peak does not show them)."""
+    if device != "cuda":
+        return 0.0
+    from passes.cudagraphs import pool_bytes
+    return pool_bytes(torch.cuda.current_device()) / 2**20
+
+
 def relerr(expected: torch.Tensor, actual: torch.Tensor) -> float:
     e, a = expected.double(), actual.double()
     return float((e - a).norm() / e.norm().clamp_min(1e-30))
@@ -217,9 +227,12 @@ def training_rows(device: str, *, strategies: list[str], model: str | None = Non
         ready: dict[str, Callable] = {}
         for label, make in variants:
             try:
+                pool_before = graph_pool_mb(device)
                 out, ready[label] = prepare_variant(label, make, initial, inputs, device, autocast,
                                                     None if label == "eager" else reference)
                 row.update(out)
+                if graph_pool_mb(device) > pool_before:
+                    row[f"{label}_graph_pool_mb"] = graph_pool_mb(device) - pool_before
             except Exception as exc:  # noqa: BLE001 - a failing variant is a row entry, not a crash
                 row[f"{label}_error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
                 traceback.print_exc()
@@ -242,7 +255,8 @@ def markdown(result: dict) -> str:
     lines = [f"# Training benchmark {result['date']} (commit {result['commit']}, {result['device']}, "
              f"torch {result['torch']})", "",
              "Median ms per train step (forward, backward, AdamW step); peak = CUDA memory a step adds "
-             "over what it starts with; saved = bytes our forward keeps for the backward (all / "
+             "over what it starts with, plus, for plans recording CUDA graphs, the memory their pool "
+             "keeps between steps; saved = bytes our forward keeps for the backward (all / "
              "activations only); relerr = first step's loss / worst parameter gradient against eager.", "",
              "| workload | variant | ms/step | speed-up | peak MiB | saved MB (all / act.) | relerr loss / grad |",
              "|---|---|---|---|---|---|---|"]
@@ -251,6 +265,8 @@ def markdown(result: dict) -> str:
                         key=lambda v: (v != "eager", v != "inductor", v))
         for label in labels:
             peak = f"{r[label + '_peak_step_mb']:.0f}" if label + "_peak_step_mb" in r else "-"
+            if label + "_graph_pool_mb" in r:
+                peak = f"{r[label + '_peak_step_mb'] + r[label + '_graph_pool_mb']:.0f} ({peak} + graph pool)"
             saved = (f"{r[label + '_saved_bytes'] / 1e6:.1f} / {r[label + '_activation_bytes'] / 1e6:.1f}"
                      if label + "_saved_bytes" in r else "-")
             err = (f"{r[label + '_loss_relerr']:.1e} / {r[label + '_grad_relerr_max']:.1e}"

@@ -21,15 +21,27 @@ operation is on the CPU, when shapes are dynamic, when its role is not in ``role
 graphs, ``forward`` and ``backward``, only when the plan lists them), or when recording fails;
 ``required: true`` turns each of these into an error.
 
+Static buffers span the input's storage from its offset to the storage's end when that is at most
+twice the tensor's own span: a slice of a padded matmul result keeps its row padding, which the
+pitched kernels (:mod:`passes.codegen.triton_pitch`) read past each row.
+
 Training graphs (``roles: [inference, forward, backward]``): AOTAutograd calls the compiled forward
 inside its autograd function and the backward from the autograd engine; both are recorded on
-their first call like any graph. Parameters are used in place; the activations the forward saves
-are new tensors every step, so the backward copies them into its static buffers, and both graphs'
-outputs are cloned (the forward's saved activations, the backward's gradients).
+their first call like any graph. Parameters are used in place, and the gradients the backward
+returns are cloned. The tensors the forward saves for the backward are *lent*, not cloned: the
+forward hands out aliases of its recorded output buffers, and a graph recorded with such a buffer
+as an input (the backward) reads it in place, with no copy on either side. Before each replay the
+forward checks that nothing still references the buffers it lent last time (the storages'
+reference counts are back to the recording's own); when something does (a second forward before
+the first one's backward, or a graph kept with ``retain_graph``), that call runs the graph without
+replaying it, into new memory, and so does a backward handed those new tensors. Both are noted in
+the report. This needs the split pass to say which outputs are saved
+(:attr:`~pipeline.graph_pass.PassContext.forward_outputs`); without it they are cloned.
 """
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any
 
 import attrs
@@ -139,6 +151,24 @@ def clone_output(value: torch.Tensor) -> torch.Tensor:
     return flat.as_strided(value.shape, value.stride())
 
 
+def static_buffer(value: torch.Tensor) -> torch.Tensor:
+    """A copy of ``value`` with its sizes and strides, in memory that also spans what the value's
+    storage holds past it (up to twice the value's own span): a pitched kernel reading a padded
+    row's padding finds memory there, as it does in the input (the padding's values are never
+    used, so it is left uninitialized)."""
+    shape, stride = tuple(value.shape), tuple(value.stride())
+    if value.numel() and all(s >= 0 for s in stride):
+        span = 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+        tail = value.untyped_storage().nbytes() // value.element_size() - value.storage_offset()
+        if span < tail <= 2 * span:
+            flat = torch.empty(tail, dtype=value.dtype, device=value.device)
+            return flat.as_strided(shape, stride).copy_(value)
+    return torch.empty_strided(shape, stride, dtype=value.dtype, device=value.device).copy_(value)
+
+
+_use_count = compat.storage_use_count()
+# data_ptr of each output buffer a forward lends -> that forward's runner (see the module docstring).
+_lent: dict[int, Any] = {}
 _pools: dict[int, Any] = {}
 _pool_lock = threading.Lock()
 
@@ -149,6 +179,18 @@ def shared_pool(device: int) -> Any:
         if device not in _pools:
             _pools[device] = torch.cuda.graph_pool_handle()
         return _pools[device]
+
+
+def pool_bytes(device: int = 0) -> int:
+    """Bytes of device memory the shared pool of recorded graphs holds on ``device`` (what the
+    recordings' activations, temporaries, static buffers and outputs keep reserved between calls;
+    ``torch.cuda.memory_allocated`` counts them too, before and after a step alike)."""
+    with _pool_lock:
+        pool = _pools.get(device)
+    if pool is None:
+        return 0
+    return sum(s["total_size"] for s in torch.cuda.memory_snapshot()
+               if s.get("device") == device and tuple(s.get("segment_pool_id", ())) == tuple(pool))
 
 
 class CudaGraphRunner:
@@ -163,9 +205,17 @@ class CudaGraphRunner:
         self.recording: torch.cuda.CUDAGraph | None = None
         self.disabled: str | None = None
         self.static: dict[int, int] = {}        # input index -> data_ptr used in place
+        self.borrowed: dict[int, int] = {}      # input index -> data_ptr of a buffer another graph lends
         self.buffers: dict[int, torch.Tensor] = {}   # input index -> static copy the graph reads
         self.outputs: tuple = ()
+        self.returns: tuple = ()                # per output: "clone", "lend" or "as is"
+        self.lent: list[tuple[Any, int]] = []   # (storage, its reference count when nothing is lent)
         self.replays = 0
+        self.unreplayed = 0
+        self._noted: set[str] = set()
+        lends = (context.role == "forward" and context.forward_outputs is not None
+                 and options.clone_outputs and _use_count is not None)
+        self.lend_from = context.forward_outputs if lends else None
 
     @property
     def __name__(self) -> str:
@@ -189,6 +239,19 @@ class CudaGraphRunner:
                 self.context.note(f"input {index} (a parameter or buffer) moved to another address: "
                                   "recording the graph again", topic="cudagraphs")
                 return self._record(args)
+        for index, pointer in self.borrowed.items():
+            if args[index].data_ptr() != pointer:
+                if _lender(args[index]) is not None:
+                    self.context.note(f"input {index} is now another recording's buffer: recording the "
+                                      "graph again", topic="cudagraphs")
+                    return self._record(args)
+                return self._unreplayed(args, f"input {index} is not the buffer it was recorded with (its "
+                                              "forward ran without replaying)")
+        for storage, count in self.lent:
+            if _use_count(storage) > count:
+                return self._unreplayed(args, "the saved tensors this graph lent on its previous call are "
+                                              "still referenced (a second forward before the first one's "
+                                              "backward, or retain_graph)")
         for index, buffer in self.buffers.items():
             source = args[index]
             if source.data_ptr() != buffer.data_ptr():
@@ -198,9 +261,18 @@ class CudaGraphRunner:
             if index in self.buffers and args[index].data_ptr() != self.buffers[index].data_ptr():
                 args[index].copy_(self.buffers[index])
         self.replays += 1
-        if self.options.clone_outputs:
-            return tuple(clone_output(o) if isinstance(o, torch.Tensor) else o for o in self.outputs)
-        return self.outputs
+        if not self.options.clone_outputs:
+            return self.outputs
+        return tuple(clone_output(o) if how == "clone" else o.detach() if how == "lend" else o
+                     for o, how in zip(self.outputs, self.returns))
+
+    def _unreplayed(self, args: tuple, reason: str) -> Any:
+        """Run the graph without its recording (into new memory) for this call."""
+        if reason not in self._noted:
+            self._noted.add(reason)
+            self.context.note(f"a call ran without replaying the graph: {reason}", topic="cudagraphs")
+        self.unreplayed += 1
+        return self.graph(*args)
 
     def _skip(self, reason: str, args: tuple) -> Any:
         self.disabled = reason
@@ -225,8 +297,10 @@ class CudaGraphRunner:
                     result = self.graph(*args)
             torch.cuda.current_stream().wait_stream(side)
             self.static = {i: a.data_ptr() for i, a in enumerate(args) if is_static_input(a)}
-            self.buffers = {i: torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device).copy_(a)
-                            for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i not in self.static}
+            self.borrowed = {i: a.data_ptr() for i, a in enumerate(args)
+                             if isinstance(a, torch.Tensor) and i not in self.static and _lender(a) is not None}
+            self.buffers = {i: static_buffer(a) for i, a in enumerate(args)
+                            if isinstance(a, torch.Tensor) and i not in self.static and i not in self.borrowed}
             replay_args = [self.buffers.get(i, a) for i, a in enumerate(args)]
             recording = torch.cuda.CUDAGraph()
             try:
@@ -236,11 +310,48 @@ class CudaGraphRunner:
                 torch.cuda.synchronize(device)
                 return self._skip(f"recording failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}", args)
         self.recording, self.outputs = recording, tuple(outputs)
+        self._plan_returns(args)
         self.context.note(f"recorded: {len(self.buffers)} input(s) copied into static buffers per call, "
                           f"{len(self.static)} parameter/buffer input(s) used in place"
+                          + (f", {len(self.borrowed)} lent buffer(s) read in place" if self.borrowed else "")
+                          + (f", {self.returns.count('lend')} saved output(s) lent" if self.lent else "")
                           + ("" if self.options.clone_outputs else
                              "; outputs are the recorded buffers, overwritten by the next call"), topic="cudagraphs")
-        return result
+        if not self.lent:
+            return result
+        # This call's result comes from the warm-up run; the saved tensors go out in the lent buffers
+        # already, so that the backward records reading those.
+        for output, value, how in zip(self.outputs, result, self.returns):
+            if how == "lend":
+                output.copy_(value)
+        return tuple(o.detach() if how == "lend" else r for o, r, how in zip(self.outputs, result, self.returns))
+
+    def _plan_returns(self, args: tuple) -> None:
+        """How each output is returned: saved tensors of a lending forward are lent (those in the
+        graph's own memory are checked before each replay), other tensors are cloned."""
+        for pointer in [p for p, owner in _lent.items() if owner() in (None, self)]:
+            del _lent[pointer]
+        static = {args[i].untyped_storage().data_ptr() for i in self.static}
+        returns, storages = [], {}
+        for index, value in enumerate(self.outputs):
+            if not isinstance(value, torch.Tensor):
+                returns.append("as is")
+            elif self.lend_from is None or index < self.lend_from:
+                returns.append("clone")
+            else:
+                returns.append("lend")
+                _lent[value.data_ptr()] = weakref.ref(self)
+                storage = value.untyped_storage()
+                if storage.data_ptr() not in static:       # a parameter's storage is not the graph's to overwrite
+                    storages.setdefault(storage.data_ptr(), storage)
+        self.returns = tuple(returns)
+        self.lent = [(storage, _use_count(storage)) for storage in storages.values()]
+
+
+def _lender(value: torch.Tensor) -> CudaGraphRunner | None:
+    """The live runner whose recording writes the buffer ``value`` starts at, if one lends it."""
+    owner = _lent.get(value.data_ptr())
+    return owner() if owner is not None else None
 
 
 class CudaGraphs(Pass):
@@ -248,7 +359,7 @@ class CudaGraphs(Pass):
 
     name = "cudagraphs"
     Options = CudaGraphsOptions
-    version = "2"
+    version = "3"
 
     def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
         reason = static_skip_reason(graph, context, tuple(self.options.roles))

@@ -452,3 +452,14 @@ def cuda_launch_helpers() -> tuple[Callable, Callable]:
         def fast_empty(size, stride, dtype):
             return torch.empty_strided(size, stride, dtype=dtype, device="cuda")
     return get_device, fast_empty
+
+
+def storage_use_count() -> Callable | None:
+    """``f(storage)``: how many references the C++ storage behind ``storage`` (an
+    ``UntypedStorage``) has: tensors, views and storage objects alike, whether or not Python
+    still sees them (a tensor autograd saved for a backward counts). None when this torch lacks
+    the private entry point (CUDA-graph trees use the same one)."""
+    counter = getattr(torch._C, "_storage_Use_Count", None)
+    if counter is None:
+        return None
+    return lambda storage: counter(storage._cdata)

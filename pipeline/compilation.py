@@ -120,7 +120,8 @@ class Compilation:
                 gm, example_inputs, partition=partition,
                 inference=lambda g, ins: self._compile_one(g, ins, graph_id, "inference"),
                 forward=lambda g, ins: self._compile_one(g, ins, f"{graph_id}.forward", "forward",
-                                                         tags=joint_tags.get("tags")),
+                                                         tags=joint_tags.get("tags"),
+                                                         forward_outputs=joint_tags.get("forward_outputs")),
                 backward=lambda g, ins: self._compile_one(g, ins, f"{graph_id}.backward", "backward",
                                                           tags=joint_tags.get("tags")))
         return self._compile_one(gm, compat.as_fake(list(example_inputs)), graph_id, "inference")
@@ -132,6 +133,7 @@ class Compilation:
                    num_forward_outputs: int, graph_id: str, joint_tags: dict) -> tuple:
         """AOTAutograd's partition hook: the joint passes, then the split pass (:mod:`.training`)."""
         from .training import split_training_graph
+        joint_tags["forward_outputs"] = num_forward_outputs
         joint_graph = JointGraph(module=joint, example_inputs=flat_inputs, num_primals=num_primals,
                                  num_forward_outputs=num_forward_outputs)
         passes, _ = self._role_passes("joint")
@@ -156,8 +158,9 @@ class Compilation:
         return len({r.graph_id.split(".")[0] for r in self.graphs})
 
     def _compile_one(self, gm: torch.fx.GraphModule, example_inputs: list, graph_id: str,
-                     role: str, *, tags: set | None = None) -> Callable:
-        """``tags``: what the graph already has (a training half: what the joint graph ended with)."""
+                     role: str, *, tags: set | None = None, forward_outputs: int | None = None) -> Callable:
+        """``tags``: what the graph already has (a training half: what the joint graph ended with).
+        ``forward_outputs``: for a training forward, how many outputs precede the saved ones."""
         start = time.perf_counter()
         record = GraphRecord(graph_id=graph_id, role=role, nodes_in=len(gm.graph.nodes))
         if role == "backward":
@@ -169,7 +172,7 @@ class Compilation:
         context = PassContext(graph_id=graph_id, target=self._target(example_inputs),
                               example_inputs=example_inputs, plan=plan, role=role,
                               tags=set(tags) if tags is not None else self._capture_tags(),
-                              fuel=self.fuel, record=record)
+                              fuel=self.fuel, record=record, forward_outputs=forward_outputs)
         probe, cached, recorded = self.cache.lookup(
             gm, example_inputs, plan=plan, passes=[self.capture, *passes], role=role,
             target=context.target, graph_id=graph_id, bypass=self._cache_bypass())

@@ -154,6 +154,10 @@ class PassContext:
     current_pass: str | None = None
     fuel: Fuel | None = None
     record: Any = None      # the GraphRecord of this graph: objects a pass leaves in the graph may update it at run time
+    #: A training step's forward graph (split by the plan's split pass): how many of its outputs are
+    #: the step's results; the outputs after them are what the backward reads (saved tensors, then
+    #: saved SymInts). None for other graphs, and for a forward torch's partitioner split.
+    forward_outputs: int | None = None
 
     def note(self, message: str, *, topic: str = "passes") -> None:
         """Record a decision (fusion choice, skipped rewrite, cache hit...) for the compile report,

@@ -187,3 +187,71 @@ def test_dropout_in_a_replayed_training_step_draws_a_new_mask_each_step_and_its_
     assert all(not torch.equal(a, b) for a, b in zip(masks, masks[1:]))
     records = [r for r in compilation_of(compiled).graphs if r.role in ("forward", "backward")]
     assert {r.role for r in records if r.cudagraphs} == {"forward", "backward"}
+
+
+def test_a_static_buffer_keeps_the_padding_past_a_sliced_row():
+    """A slice of a padded matmul result gets a static buffer whose storage also holds the padding
+    after the last row (what a pitched kernel reads), with the slice's values and strides; a small
+    slice of a large storage gets only its own span."""
+    from passes.cudagraphs import static_buffer
+    padded = torch.randn(6, 16)
+    row = padded[:, :13]
+    buffer = static_buffer(row)
+    assert torch.equal(buffer, row) and buffer.stride() == row.stride()
+    assert buffer.untyped_storage().nbytes() - buffer.storage_offset() * 4 >= \
+        row.untyped_storage().nbytes() - row.storage_offset() * 4
+    small = torch.randn(1000, 16)[2:4, :13]
+    assert static_buffer(small).untyped_storage().nbytes() == (1 * 16 + 13) * 4
+
+
+def saved_lending_notes(compiled) -> tuple[list[str], list[str]]:
+    notes = cudagraph_notes(compiled)
+    return ([n for n in notes if "saved output(s) lent" in n], [n for n in notes if "read in place" in n])
+
+
+@needs_cuda
+def test_a_training_forward_lends_its_saved_tensors_to_the_backward_without_copies():
+    model = mlp().cuda().train()
+    compiled = compile_with_plan(model, TRAINING_CUDAGRAPHS)
+    for _ in range(3):
+        compiled(torch.randn(8, 32, device="cuda")).square().mean().backward()
+    lent, read = saved_lending_notes(compiled)
+    assert lent and read
+    assert not any("without replaying" in n for n in cudagraph_notes(compiled))
+
+
+@needs_cuda
+def test_two_forwards_before_one_backward_match_eager():
+    """The second forward finds the first one's saved tensors still referenced, so it runs without
+    replaying (into new memory); both backwards then read what their own forward saved."""
+    eager_model, model = mlp().cuda().train(), mlp().cuda().train()
+    compiled = compile_with_plan(model, TRAINING_CUDAGRAPHS)
+    for step in range(3):
+        torch.manual_seed(step)
+        xs = [torch.randn(8, 32, device="cuda") for _ in range(2)]
+        for m, f in ((eager_model, eager_model), (model, compiled)):
+            m.zero_grad(set_to_none=True)
+            (f(xs[0]).square().mean() + 2 * f(xs[1]).mean()).backward()
+        for (name, p), q in zip(eager_model.named_parameters(), model.parameters()):
+            assert compare(p.grad, q.grad) is None, (step, name)
+    assert any("still referenced" in n for n in cudagraph_notes(compiled))
+
+
+@needs_cuda
+def test_a_graph_kept_for_a_second_backward_keeps_its_saved_tensors():
+    """A loss kept with retain_graph is differentiated again after another step ran: its saved
+    tensors were not overwritten by that step (which ran without replaying)."""
+    eager_model, model = mlp().cuda().train(), mlp().cuda().train()
+    compiled = compile_with_plan(model, TRAINING_CUDAGRAPHS)
+    for step in range(3):
+        torch.manual_seed(step)
+        x, other = torch.randn(8, 32, device="cuda"), torch.randn(8, 32, device="cuda")
+        for m, f in ((eager_model, eager_model), (model, compiled)):
+            m.zero_grad(set_to_none=True)
+            kept = f(x).square().mean()
+            kept.backward(retain_graph=True)
+            f(other).mean().backward()
+            kept.backward()
+        for (name, p), q in zip(eager_model.named_parameters(), model.parameters()):
+            assert compare(p.grad, q.grad) is None, (step, name)
+    assert any("still referenced" in n for n in cudagraph_notes(compiled))
