@@ -139,12 +139,13 @@ def peak_step_mb(step: Callable[[], Any]) -> float:
 
 
 def graph_pool_mb(device: str) -> float:
-    """MiB held by the memory pool of our recorded CUDA graphs (activations, temporaries and
-    buffers that stay allocated between steps, so a step's peak does not show them)."""
+    """MiB of device memory in private pools: what recorded CUDA graphs (ours, or Inductor's
+    CUDA-graph trees) keep allocated between steps (activations, temporaries, static buffers),
+    which a step's peak over its starting allocation does not show."""
     if device != "cuda":
         return 0.0
-    from passes.cudagraphs import pool_bytes
-    return pool_bytes(torch.cuda.current_device()) / 2**20
+    return sum(s["total_size"] for s in torch.cuda.memory_snapshot()
+               if tuple(s.get("segment_pool_id", (0, 0))) != (0, 0)) / 2**20
 
 
 def relerr(expected: torch.Tensor, actual: torch.Tensor) -> float:
@@ -201,11 +202,12 @@ def prepare_variant(label: str, make: Callable[[torch.nn.Module], torch.nn.Modul
 
 def training_rows(device: str, *, strategies: list[str], model: str | None = None, small: bool = False,
                   quick: bool = False, only: str = "", skip: tuple[str, ...] = (),
-                  plans: tuple[str, ...] = ()) -> list[dict]:
+                  plans: tuple[str, ...] = (), inductor_modes: tuple[str, ...] = ("default",)) -> list[dict]:
     """Measure the training workload ``model`` (default: ``blocks`` on CPU, ``gpt2`` on CUDA) on
     ``device``; one row (dict) per workload. ``skip``: variants left out (``inductor``: its cold
     compile of a GPT-2 train step takes minutes). ``plans``: more plans (names or files) to run
-    as variants ``ours:<plan name>`` next to the ``training`` plan's strategies."""
+    as variants ``ours:<plan name>`` next to the ``training`` plan's strategies. ``inductor_modes``:
+    torch.compile modes run (``inductor`` for ``default``, ``inductor:<mode>`` for the others)."""
     steps, rounds = (2, 2) if quick else ((5, 5) if device == "cpu" else (10, 5))
     rows = []
     for name, build, autocast in workloads(model or ("blocks" if device == "cpu" else "gpt2"), small):
@@ -217,7 +219,9 @@ def training_rows(device: str, *, strategies: list[str], model: str | None = Non
         inputs = tuple(x.to(device) for x in inputs)
         row: dict = {"workload": name}
         reference = first_step_gradients(copy.deepcopy(initial), inputs, device, autocast)
-        variants: list[tuple[str, Callable]] = [("eager", lambda m: m), ("inductor", lambda m: torch.compile(m))]
+        variants: list[tuple[str, Callable]] = [("eager", lambda m: m)]
+        variants += [("inductor" if mode == "default" else f"inductor:{mode}",
+                      lambda m, mode=mode: torch.compile(m, mode=mode)) for mode in inductor_modes]
         variants += [(f"ours:{s}", lambda m, s=s: compile_with_plan(m, "training",
                                                                     options={"partition": {"strategy": s}}))
                      for s in strategies]
@@ -262,7 +266,7 @@ def markdown(result: dict) -> str:
              "|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         labels = sorted({k[:-3] for k in r if k.endswith("_ms") and not k.endswith("_host_ms")},
-                        key=lambda v: (v != "eager", v != "inductor", v))
+                        key=lambda v: (v != "eager", not v.startswith("inductor"), v))
         for label in labels:
             peak = f"{r[label + '_peak_step_mb']:.0f}" if label + "_peak_step_mb" in r else "-"
             if label + "_graph_pool_mb" in r:
@@ -293,6 +297,8 @@ def main() -> int:
     parser.add_argument("--skip", default="", help="variants to leave out, e.g. inductor")
     parser.add_argument("--plans", default="", help="more plans (names or YAML files), comma-separated, "
                                                    "e.g. training-reduce-overhead")
+    parser.add_argument("--inductor-modes", default="default",
+                        help="torch.compile modes to run, comma-separated, e.g. default,reduce-overhead")
     parser.add_argument("--out", default=os.environ.get("OUT", str(Path(__file__).parent / "results")))
     parser.add_argument("--name", default=None, help="file stem of the JSON and Markdown written under --out")
     args = parser.parse_args()
@@ -300,7 +306,8 @@ def main() -> int:
     strategies = [s for s in (args.strategies or default).split(",") if s]
     rows = training_rows(args.device, strategies=strategies, model=args.model, small=args.small,
                          quick=args.quick, only=args.only, skip=tuple(v for v in args.skip.split(",") if v),
-                         plans=tuple(p for p in args.plans.split(",") if p))
+                         plans=tuple(p for p in args.plans.split(",") if p),
+                         inductor_modes=tuple(m for m in args.inductor_modes.split(",") if m))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).parent).stdout.strip() or os.environ.get("BENCH_COMMIT", "unknown")
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"

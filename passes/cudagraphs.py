@@ -80,8 +80,8 @@ class CudaGraphsOptions:
     warmup_runs: int = option(1, "Eager runs of the graph before it is recorded.", check=positive)
     roles: list[str] = option(
         ["inference"], "Graph roles recorded: inference, and for training steps forward and backward "
-                       "(their saved activations are copied into static buffers and their outputs cloned "
-                       "per call, so a step trades those copies for one launch per graph).",
+                       "(the backward reads the activations the forward saves in the forward's recorded "
+                       "memory; the step's results and the gradients are cloned).",
         check=_roles_known)
 
 
@@ -179,18 +179,6 @@ def shared_pool(device: int) -> Any:
         if device not in _pools:
             _pools[device] = torch.cuda.graph_pool_handle()
         return _pools[device]
-
-
-def pool_bytes(device: int = 0) -> int:
-    """Bytes of device memory the shared pool of recorded graphs holds on ``device`` (what the
-    recordings' activations, temporaries, static buffers and outputs keep reserved between calls;
-    ``torch.cuda.memory_allocated`` counts them too, before and after a step alike)."""
-    with _pool_lock:
-        pool = _pools.get(device)
-    if pool is None:
-        return 0
-    return sum(s["total_size"] for s in torch.cuda.memory_snapshot()
-               if s.get("device") == device and tuple(s.get("segment_pool_id", ())) == tuple(pool))
 
 
 class CudaGraphRunner:
