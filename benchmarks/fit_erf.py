@@ -1,7 +1,16 @@
 """Fit the constants of the Triton backend's branch-free fp32 erf (``pp_erf`` in
-``passes/codegen/triton_ops.py``) and measure them in fp32 arithmetic.
+``passes/codegen/triton_ops.py``) and of its exact GELU (``pp_gelu``), and measure
+them in fp32 arithmetic.
 
-    python benchmarks/fit_erf.py
+    python benchmarks/fit_erf.py            # erf
+    python benchmarks/fit_erf.py --gelu     # GELU
+
+GELU is computed as x * Phi(x) with h = erfc(|x| / sqrt(2)) / 2 = exp2(p(t)), t = |x| / sqrt(2):
+Phi = 1 - h for x >= 0, h below. p (degree 8) is fitted on [0, GELU_FIT_HI] weighted so that its
+error, carried into GELU, is at most a fraction of the tests' bound 1e-7 * |x| + 3e-7 * |gelu(x)|
+(for x < 0 an error e in p moves gelu by |x| * h * e * ln 2). The measurement evaluates the helper
+in fp32 over every float of |x| in [2**-12, 16] and prints the largest error as a fraction of that
+bound, and where p falls below -150 (t clamped there or beyond makes h exactly 0).
 
 The form, for t = |x|:
 
@@ -111,7 +120,50 @@ def measure(q: np.ndarray, p: np.ndarray, fused: bool) -> tuple[float, float, fl
     return worst_abs, worst_rel, float(erfc64(SPLIT))
 
 
+GELU_FIT_HI, GELU_CLAMP, GELU_DEGREE = 3.96875, 8.0, 8
+
+
+def fit_gelu() -> np.ndarray:
+    t = np.linspace(0.0, GELU_FIT_HI, 80001)
+    h = erfc64(t) / 2
+    weight = h * math.log(2) / (1e-7 + 3e-7 * h)
+    return horner_coefficients(minimax(2 * t / GELU_FIT_HI - 1, np.log2(h), weight, GELU_DEGREE), 0.0, GELU_FIT_HI)
+
+
+def gelu32(x: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """pp_gelu in fp32, step by step as the helpers compute it (fused multiply-adds)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        t = np.minimum(np.abs(x) * np.float32(0.7071067811865476), np.float32(GELU_CLAMP))
+        h = np.exp2(horner(p, t, True))
+        return x * np.where(x >= 0, np.float32(1) - h, h)
+
+
+def main_gelu() -> None:
+    p = fit_gelu()
+    print("p (log2(erfc(t) / 2), 0 <= t <= %g), highest power first:" % GELU_FIT_HI)
+    print("   ", ", ".join(f"{float(c):.9g}" for c in p))
+    worst, where = 0.0, 0.0
+    for x in every_float(2.0**-12, 16.0):
+        x = np.concatenate([x, -x])
+        xd = torch.from_numpy(x.astype(np.float64))
+        want = (0.5 * xd * torch.special.erfc(-xd / math.sqrt(2))).numpy()
+        ratio = np.abs(gelu32(x, p) - want) / (1e-7 * np.abs(x) + 3e-7 * np.abs(want) + 1e-45)
+        if ratio.max() > worst:
+            worst, where = float(ratio.max()), float(x[ratio.argmax()])
+    print(f"largest error / (1e-7 |x| + 3e-7 |gelu|): {worst:.3f} at x = {where!r}")
+    beyond = np.linspace(GELU_FIT_HI, 40.0, 200001).astype(np.float32)
+    values = horner(p, beyond, True).astype(np.float64)
+    print(f"p decreasing past the fit: {bool((np.diff(values) < 0).all())}; p < -150 from t = "
+          f"{float(beyond[np.argmax(values < -150)]) if (values < -150).any() else None} "
+          f"(the helpers clamp t at {GELU_CLAMP})")
+    specials = np.array([np.inf, -np.inf, np.nan, -0.0, 0.0], np.float32)
+    print("specials:", ", ".join(f"gelu({a}) = {b}" for a, b in zip(specials.tolist(), gelu32(specials, p).tolist())))
+
+
 def main() -> None:
+    if "--gelu" in __import__("sys").argv:
+        main_gelu()
+        return
     q, p = fit()
     print(f"SPLIT = {SPLIT}, CLAMP = {CLAMP}")
     print("q (erf(x) = x * q(x*x), |x| < SPLIT), highest power first:")

@@ -163,7 +163,7 @@ class Codegen(Pass):
 
     name = "codegen"
     Options = CodegenOptions
-    version = "9"
+    version = "10"
     requires = frozenset({"fused"})
     provides = frozenset({"codegen"})
 
