@@ -308,8 +308,10 @@ def main() -> int:
                          quick=args.quick, only=args.only, skip=tuple(v for v in args.skip.split(",") if v),
                          plans=tuple(p for p in args.plans.split(",") if p),
                          inductor_modes=tuple(m for m in args.inductor_modes.split(",") if m))
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip() or os.environ.get("BENCH_COMMIT", "unknown")
+    # BENCH_COMMIT first: a copy of the tree (the device machine's) may carry an older .git
+    commit = os.environ.get("BENCH_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+        cwd=Path(__file__).parent).stdout.strip() or "unknown"
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "commit": commit, "device": device_name, "torch": torch.__version__, "rows": rows}

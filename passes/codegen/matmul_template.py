@@ -186,7 +186,7 @@ class MatmulTemplate(Pass):
 
     name = "matmul-template"
     Options = MatmulTemplateOptions
-    version = "2"
+    version = "3"
     requires = frozenset({"codegen"})
     provides = frozenset({"matmul-template"})
     uses_fuel = True
