@@ -441,12 +441,14 @@ def test_horizontal_fusion_can_be_turned_off():
 
 
 def test_a_reduction_that_depends_on_another_through_a_matmul_stays_apart():
-    """Merging would make the kernel wait for a matmul that waits for the kernel."""
+    """Merging would make the kernel wait for a matmul that waits for the kernel. (Positive inputs:
+    column sums of signed values can cancel to a few units in the last place of fp32, which the
+    comparison with eager would count against an unfused reordering of the same sums.)"""
     def f(x, w, y):
         s = x.sum(0, keepdim=True)
         return s, (y + s @ w).sum(0)
 
-    record = compiled_record(f, torch.randn(16, 8), torch.randn(8, 8), torch.randn(16, 8))
+    record = compiled_record(f, torch.rand(16, 8), torch.rand(8, 8), torch.rand(16, 8))
     assert record.kernels == 2
 
 
