@@ -329,9 +329,11 @@ class CudaGraphRunner:
             else:
                 returns.append("lend")
                 _lent[value.data_ptr()] = weakref.ref(self)
-                storage = value.untyped_storage()
-                if storage.data_ptr() not in static:       # a parameter's storage is not the graph's to overwrite
-                    storages.setdefault(storage.data_ptr(), storage)
+                # One storage object kept per storage, and no other alive when the counts are taken:
+                # a count that included a reference which later goes away would miss one lent alias.
+                key = value.untyped_storage().data_ptr()
+                if key not in static and key not in storages:   # a parameter's storage is not the graph's
+                    storages[key] = value.untyped_storage()
         self.returns = tuple(returns)
         self.lent = [(storage, _use_count(storage)) for storage in storages.values()]
 
