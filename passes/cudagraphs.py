@@ -77,7 +77,8 @@ class CudaGraphsOptions:
     required: bool = option(
         False, "A graph that cannot be recorded is an error (naming the reason) instead of running "
                "without CUDA graphs.")
-    warmup_runs: int = option(1, "Eager runs of the graph before it is recorded.", check=positive)
+    warmup_runs: int = option(1, "Eager runs of the graph before it is recorded (all but the last on copies "
+                                 "of the inputs the graph writes to).", check=positive)
     roles: list[str] = option(
         ["inference"], "Graph roles recorded: inference, and for training steps forward and backward "
                        "(the backward reads the activations the forward saves in the forward's recorded "
@@ -281,8 +282,11 @@ class CudaGraphRunner:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                for _ in range(self.options.warmup_runs):
-                    result = self.graph(*args)
+                # Only the last warm-up run writes the inputs the graph mutates: the earlier ones get
+                # copies, so a call applies its writes (running statistics, cache entries) once.
+                for _ in range(self.options.warmup_runs - 1):
+                    self.graph(*[a.clone() if i in self.mutated else a for i, a in enumerate(args)])
+                result = self.graph(*args)
             torch.cuda.current_stream().wait_stream(side)
             self.static = {i: a.data_ptr() for i, a in enumerate(args) if is_static_input(a)}
             self.borrowed = {i: a.data_ptr() for i, a in enumerate(args)

@@ -255,3 +255,19 @@ def test_a_graph_kept_for_a_second_backward_keeps_its_saved_tensors():
         for (name, p), q in zip(eager_model.named_parameters(), model.parameters()):
             assert compare(p.grad, q.grad) is None, (step, name)
     assert any("still referenced" in n for n in cudagraph_notes(compiled))
+
+
+@needs_cuda
+def test_extra_warm_up_runs_do_not_apply_a_graphs_writes_twice():
+    """A running average updated in place: with three warm-up runs before recording, the first
+    call still updates it once, as eager does."""
+    def f(average, x):
+        average.mul_(0.9).add_(x.mean(0), alpha=0.1)
+        return x - average
+
+    compiled = compile_with_plan(f, "reduce-overhead", options={"cudagraphs": {"warmup_runs": 3}})
+    ours, theirs = torch.zeros(8, device="cuda"), torch.zeros(8, device="cuda")
+    for _ in range(3):
+        x = torch.randn(16, 8, device="cuda")
+        assert compare(f(theirs, x), compiled(ours, x)) is None
+        assert torch.allclose(ours, theirs)
