@@ -16,8 +16,10 @@ from passes.codegen.cpp_source import HEADER
 from pipeline import compile_with_plan
 from pipeline.numerics import compare
 
-FUNCTIONS = {"exp": (torch.exp, 1.0), "exp2": (torch.exp2, 1.0), "erf": (torch.erf, 3.0)}   # name: (reference, max ulp)
-ERF_ABS_ERROR = 1.5e-7
+# name: (reference, max ulp). erf: libmvec's AVX2 erff stays within 3 ulp; its AVX-512 variant
+# (what -march=native picks on an AVX-512 machine) reaches 4.00 ulp, at x = 3.6534.
+FUNCTIONS = {"exp": (torch.exp, 1.0), "exp2": (torch.exp2, 1.0), "erf": (torch.erf, 4.0)}
+ERF_ABS_ERROR = 2.5e-7   # AVX2 erff: under 1.5e-7; AVX-512 erff: 2.38e-7
 SPECIALS = [float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 88.72, 88.73, 89.0, 89.5, -87.3, -87.34,
             -103.9, -103.98, -104.0, -110.0, 127.99, 128.0, 128.5, -126.0, -126.5, -149.0, -149.5, -150.0,
             -151.0, 3.96875, -3.96875, 0.45, -0.45, 2.0**-149, -(2.0**-149), 1e-30]
@@ -90,15 +92,21 @@ def test_vector_loop_agrees_with_scalar_code_bit_for_bit(library, name):
     assert torch.equal(vector.view(torch.int32), scalar.view(torch.int32))
 
 
+def GELU_SIGMOID(x):
+    return F.gelu(x) + torch.sigmoid(x)
+
+
 @pytest.mark.parametrize("fn", [
     lambda x: torch.softmax(x, dim=-1),
-    lambda x: F.gelu(x) + torch.sigmoid(x),
+    GELU_SIGMOID,
     lambda x: torch.exp2(x).sum(-1) + torch.erf(x).amax(-1),
 ], ids=["softmax", "gelu-sigmoid", "exp2-erf-reductions"])
 def test_generated_kernels_using_them_match_eager(fn):
     torch._dynamo.reset()
     x = torch.randn(64, 300) * 4
     x[0, :5] = torch.tensor([float("nan"), float("inf"), -float("inf"), 90.0, -120.0])
+    if fn is GELU_SIGMOID:
+        x[0, 1] = 1e30    # eager's own gelu(inf) is inf with AVX2 kernels and NaN with AVX-512 ones
     compiled = compile_with_plan(fn, "cpu-inference")
     with torch.no_grad():
         problem = compare(fn(x), compiled(x))
