@@ -89,6 +89,21 @@ def amax(x):
     return x.amax(-1)
 
 
+def gelu_new(x):
+    """GPT-2's tanh GELU, written with Python operators as transformers writes it."""
+    return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def one_minus_tanh(x):
+    return (1 - torch.tanh(x * 1.5)) * x
+
+
+def with_specials(rows: int, cols: int) -> torch.Tensor:
+    x = torch.randn(rows, cols) * 4
+    x[0, :6] = torch.tensor([float("nan"), float("inf"), -float("inf"), 90.0, -120.0, 0.0])
+    return x
+
+
 def with_nans(rows: int, cols: int) -> torch.Tensor:
     x = torch.randn(rows, cols)
     x[1, 3] = float("nan")
@@ -109,6 +124,8 @@ CASES = {
     "bool_and_int_bitwise": (masks, mask_inputs),
     "padded_output_of_a_row_kernel": (padded_softmax, lambda: (torch.randn(8, 13),)),
     "padded_output_rows_appended": (padded_rows, lambda: (torch.randn(6, 10), torch.randn(10))),
+    "tanh_gelu_from_python_operators": (gelu_new, lambda: (with_specials(16, 64),)),
+    "one_minus_tanh": (one_minus_tanh, lambda: (with_specials(16, 64),)),
 }
 
 
@@ -119,6 +136,13 @@ def test_kernel_matches_eager_and_is_one_triton_kernel(name):
     kernels, eager = kernels_of(LAST["graph"])
     assert record.kernels == 1 and len(kernels) == 1 and not eager
     assert kernels[0].backend == "triton" and "@triton.jit" in kernels[0].source
+
+
+@pytest.mark.parametrize("fn", [gelu_new, one_minus_tanh])
+def test_one_plus_or_minus_tanh_is_computed_as_a_sigmoid(fn):
+    run_plan(fn, with_specials(16, 64))
+    (kernel,), _ = kernels_of(LAST["graph"])
+    assert re.search(r"= \(2\.0 / \(1\.0 \+ tl\.exp\(-?2\.0 \* v\d+_mul\)\)\)", kernel.source), kernel.source
 
 
 def test_reduction_kernels_are_persistent_when_the_row_fits():

@@ -163,7 +163,7 @@ class Codegen(Pass):
 
     name = "codegen"
     Options = CodegenOptions
-    version = "10"
+    version = "11"
     requires = frozenset({"fused"})
     provides = frozenset({"codegen"})
 
