@@ -71,6 +71,7 @@ class Compilation:
         self.recompiles: list[str] = []
         self.warmup: dict | None = None   # what warm-up of the plan's shape buckets did (pipeline.serving)
         self.serving: Any = None          # the BucketedRunner when the plan declares shapes
+        self.runtime: dict[str, Any] = {}  # live objects the capture pass exposes (CaptureContext.expose)
         self.compile_seconds = 0.0
         self.fuel = fuel
         self.cache = GraphCache(plan)
@@ -402,6 +403,7 @@ class Compilation:
             "warmup": self.warmup,
             "compile_seconds": self.compile_seconds,
             "fallbacks": [{"graph": r.graph_id, "reason": r.fallback} for r in self.graphs if r.fallback],
+            "calls": {name: item.counts() for name, item in self.runtime.items() if hasattr(item, "counts")},
         }
 
 

@@ -193,6 +193,16 @@ class CaptureContext:
         """Record that capture had to split the program (with Dynamo's reason text)."""
         self.compilation.graph_breaks.append(reason)
 
+    def without_graph_breaks(self) -> bool:
+        """Whether no graph break has been recorded so far (cheap: read on every call)."""
+        return not self.compilation.graph_breaks
+
+    def expose(self, name: str, item: Any) -> None:
+        """Make a live runtime object of the capture pass (for example its call counters) readable
+        as ``compilation_of(model).runtime[name]``; one with a ``counts()`` method also appears,
+        as those counts, under ``calls`` in the compile report."""
+        self.compilation.runtime[name] = item
+
     def record_recompile(self, reason: str) -> None:
         """Record that a guard failed and a new variant was captured (``reason`` names the guard)."""
         self.compilation.recompiles.append(reason)
