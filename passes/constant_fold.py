@@ -3,7 +3,14 @@
 A node folds when it is a pure, deterministic call whose every input is a constant (a tensor
 attribute of the graph, or another foldable node) and its result is a tensor no larger than
 ``max_bytes``. Lone factory calls (``full``, ``arange`` with no tensor input) are left in place:
-a fused kernel can make them for free, while a folded copy costs memory traffic."""
+a fused kernel can make them for free, while a folded copy costs memory traffic.
+
+A larger result folds too, up to ``max_bytes_read_whole``, when every consumer left in the graph
+is an operator that reads its operands from memory anyway (attention, matmuls, convolution,
+embedding and index lookups): the value was going to be written out and read back on every call,
+so keeping it costs memory but no traffic, and saves the kernels and host calls that made it.
+The attention mask transformers builds from positions alone (GPT-2 prefill: ``cumsum``, two
+``index`` gathers, ``cat``, five small kernels, a 4 MB bf16 mask) is such a value."""
 from __future__ import annotations
 
 import attrs
@@ -20,6 +27,24 @@ from pipeline.ir import finish, has_side_effects, is_random
 class ConstantFoldOptions:
     max_bytes: int = option(1 << 20, "Largest folded result kept as a graph constant, in bytes.",
                             check=non_negative)
+    max_bytes_read_whole: int = option(
+        64 << 20, "Largest folded result kept when every remaining consumer is an attention, matmul, "
+                  "convolution, embedding or index operator (which read it from memory anyway), in bytes.",
+        check=non_negative)
+
+
+_READ_WHOLE = ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.convolution", "aten.embedding",
+               "aten.index", "aten.index_select", "aten.scaled_dot_product_attention")
+
+
+def _reads_whole(node: torch.fx.Node) -> bool:
+    """Whether ``node`` is an operator that reads its tensor operands from memory (an extern call
+    that no fused kernel computes its inputs into)."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    name = node.target.name().replace("::", ".").split(".")
+    name = ".".join(name[:2])
+    return name in _READ_WHOLE or name.startswith("aten._scaled_dot_product")
 
 
 def _is_symbolic(value) -> bool:
@@ -31,7 +56,7 @@ class ConstantFold(Pass):
 
     name = "constant-fold"
     Options = ConstantFoldOptions
-    version = "1"
+    version = "2"
 
     def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
         values: dict[torch.fx.Node, object] = {}
@@ -63,17 +88,25 @@ class ConstantFold(Pass):
                 values[node] = result
                 has_node_input[node] = bool(inputs)
         folded = 0
+        kept: list[tuple[str, torch.Tensor]] = []
         for node, value in values.items():
             if node.op == "get_attr" or not has_node_input.get(node):
                 continue
             if all(user in values for user in node.users):
                 continue
-            if value.numel() * value.element_size() > self.options.max_bytes:
-                context.note(f"not folded {node.name}: {value.numel() * value.element_size()} bytes "
-                             f"> max_bytes {self.options.max_bytes}")
+            size = value.numel() * value.element_size()
+            read_whole = all(_reads_whole(user) for user in node.users if user not in values)
+            limit = max(self.options.max_bytes, self.options.max_bytes_read_whole if read_whole else 0)
+            if size > limit:
+                which = "max_bytes_read_whole" if read_whole else "max_bytes"
+                context.note(f"not folded {node.name}: {size} bytes > {which} {limit}")
                 continue
-            attr = f"_folded_{folded}_{node.name}"
-            graph.register_buffer(attr, value.contiguous() if not value.is_contiguous() else value)
+            attr = _same_constant(kept, value)   # an equal value folded already (per-layer copies of a mask)
+            if attr is None:
+                attr = f"_folded_{len(kept)}_{node.name}"
+                stored = value.contiguous()
+                graph.register_buffer(attr, stored)
+                kept.append((attr, stored))
             with graph.graph.inserting_before(node):
                 new = graph.graph.get_attr(attr)
             new.meta = dict(node.meta)
@@ -85,6 +118,15 @@ class ConstantFold(Pass):
                 if not node.users and not has_side_effects(node) and node in values:
                     graph.graph.erase_node(node)
         return finish(graph)
+
+
+def _same_constant(kept: list[tuple[str, torch.Tensor]], value: torch.Tensor) -> str | None:
+    """The attribute of a kept constant equal to ``value`` (shape, dtype, device and elements)."""
+    for attr, other in kept:
+        if (other.shape == value.shape and other.dtype == value.dtype and other.device == value.device
+                and torch.equal(other, value)):
+            return attr
+    return None
 
 
 def _attr(gm: torch.nn.Module, target: str):
