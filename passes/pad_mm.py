@@ -42,7 +42,7 @@ class PadMatmul(Pass):
 
     name = "pad-mm"
     Options = PadMmOptions
-    version = "4"
+    version = "5"
     requires = frozenset({"aten"})
 
     def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
@@ -107,10 +107,15 @@ class PadMatmul(Pass):
 
 
 def _padded(graph: torch.fx.Graph, source: torch.fx.Node, pad: list, pads: dict) -> torch.fx.Node:
-    """``constant_pad_nd(source, pad)``, made once per (source, pad) in a graph."""
+    """``constant_pad_nd(source, pad)``, made once per (source, pad) in a graph. A graph input
+    (a weight) is padded as ``constant_pad_nd(clone(source))``: ``fuse`` makes the clone a kernel
+    whose output pad it writes (one copy kernel, plus a fill of the padding rows only, where the
+    bare operator fills the whole padded buffer and then copies the weight into it: GPT-2's tied
+    50257 x 768 LM-head weight took 0.041 + 0.024 ms that way on the H200)."""
     key = (source, tuple(pad))
     if key not in pads:
-        pads[key] = graph.call_function(aten.constant_pad_nd.default, (source, list(pad)))
+        copied = graph.call_function(aten.clone.default, (source,)) if source.op == "placeholder" else source
+        pads[key] = graph.call_function(aten.constant_pad_nd.default, (copied, list(pad)))
     return pads[key]
 
 

@@ -134,6 +134,25 @@ def test_pad_mm_pads_a_twice_transposed_weight_in_its_own_layout():
     assert pads and all(meta_of(n.args[0]).is_contiguous() for n in pads)
 
 
+def test_a_padded_weight_is_copied_by_one_generated_kernel():
+    """pad-mm pads a graph input through a clone, which fuse turns into a copy kernel writing the
+    padded buffer (no ATen ``constant_pad_nd``: a fill of the whole buffer, then a copy into it)."""
+    from pipeline import compilation_of, compile_with_plan
+    from pipeline.numerics import compare
+
+    weight = torch.randn(1029, 64)
+
+    def head(x, w):
+        return x @ w.t()
+
+    plan = {"extends": "cpu-inference", "options": {"pad-mm": {"devices": ["cpu"]}}}
+    compiled = compile_with_plan(head, plan)
+    x = torch.randn(32, 64)
+    assert compare(head(x, weight), compiled(x, weight)) is None
+    (record,) = compilation_of(compiled).graphs
+    assert "constant_pad_nd" not in record.final_code and record.kernels == 2      # the pad and the output copy
+
+
 @FAST
 @given(st.integers(1, 300), st.integers(1, 40), st.integers(1, 40), st.booleans(), st.booleans())
 def test_transpose_weights_preserves_semantics(rows, inner, outer, bias, parameter):
