@@ -50,6 +50,11 @@ class CaptureOptions:
               "per-call wrappers (about 0.1 ms on a model with a few dozen parameters; the guards are the same). "
               "Calls that miss, graphs with breaks, and the force_eager / *_then_compile stances go through "
               "Dynamo as usual. false: every call goes through Dynamo.")
+    dict_tag_guards: bool = option(
+        True, "dynamo only: guards skip the checks under a module whose dictionaries (parameters, buffers, "
+              "submodules, attributes) are untouched since the last call (Dynamo's "
+              "use_recursive_dict_tags_for_guards; it already does so for a dictionary's own tensors). A "
+              "process-wide Dynamo setting, applied when this plan compiles.")
 
 
 class Capture(CapturePass):
@@ -112,7 +117,7 @@ class Capture(CapturePass):
             # The plan's declared shape buckets (context.planned_variants) are variants on purpose.
             compat.apply_dynamo_settings(recompile_limit=opts.recompile_limit + context.planned_variants,
                                          fail_on_limit=opts.on_recompile_limit == "error",
-                                         ignore_logging=ignored_logging)
+                                         ignore_logging=ignored_logging, dict_tag_guards=opts.dict_tag_guards)
 
         if opts.stance != "default":
             inner = optimized

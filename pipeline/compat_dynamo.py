@@ -6,7 +6,6 @@ from __future__ import annotations
 import inspect
 import logging
 import types
-import weakref
 from typing import Any, Callable
 
 import torch
@@ -21,20 +20,25 @@ _applied_settings: tuple | None = None
 
 
 def apply_dynamo_settings(*, recompile_limit: int, fail_on_limit: bool,
-                          ignore_logging: frozenset = frozenset()) -> None:
-    """Make Dynamo's recompile limit and limit policy those of the plan being called, and the
+                          ignore_logging: frozenset = frozenset(), dict_tag_guards: bool = False) -> None:
+    """Make Dynamo's recompile limit and limit policy those of the plan being called, the
     logging functions (:func:`logger_functions`) that traced code skips instead of breaking the
-    graph at (``ignore_logging``).
+    graph at (``ignore_logging``), and whether guards skip a module subtree whose dictionaries
+    are unchanged since the last call (``dict_tag_guards``: Dynamo's
+    ``use_recursive_dict_tags_for_guards``, which extends the tag check Dynamo already makes for
+    a dictionary's tensors to nested modules).
 
     These are process-wide Dynamo settings, read when a frame misses its cache. Writing them
     costs microseconds, so they are written only when the last plan applied had other values
     (code that edits ``torch._dynamo.config`` directly is not watched)."""
     global _applied_settings
-    wanted = (recompile_limit, fail_on_limit, ignore_logging)
+    wanted = (recompile_limit, fail_on_limit, ignore_logging, dict_tag_guards)
     if _applied_settings == wanted:
         return
     config = torch._dynamo.config
     config.recompile_limit = recompile_limit
+    if hasattr(config, "use_recursive_dict_tags_for_guards"):
+        config.use_recursive_dict_tags_for_guards = dict_tag_guards
     if hasattr(config, "fail_on_recompile_limit_hit"):
         config.fail_on_recompile_limit_hit = fail_on_limit
     if hasattr(config, "ignore_logging_functions"):
@@ -195,6 +199,36 @@ MISS = object()
 _DIRECT_STANCES = frozenset({"default", "eager_on_recompile", "fail_on_recompile"})   # they differ on misses only
 
 
+_DISABLED_CODE: Any = None
+
+
+def _without_disable(fn: Callable) -> Callable:
+    """``fn`` without the ``torch._dynamo.disable`` wrappers around it (each is a function with
+    the code object of Dynamo's disabling wrapper, which keeps the wrapped one as ``__wrapped__``)."""
+    global _DISABLED_CODE
+    if _DISABLED_CODE is None:
+        _DISABLED_CODE = torch._dynamo.disable(lambda: None).__code__
+    while getattr(fn, "__code__", None) is _DISABLED_CODE and hasattr(fn, "__wrapped__"):
+        fn = fn.__wrapped__
+    return fn
+
+
+class _UtilsWithoutDisable:
+    """``torch._dynamo.utils`` as the transformed code of a direct call reads it: its
+    ``record_pregraph_bytecode_enter/exit`` (a profiler range around the graph call, each behind
+    a disabling wrapper) without the wrappers; every other name is the module's."""
+
+    def __init__(self, module: Any):
+        self._module = module
+        for name in ("record_pregraph_bytecode_enter", "record_pregraph_bytecode_exit"):
+            fn = getattr(module, name, None)
+            if fn is not None:
+                setattr(self, name, getattr(fn, "__wrapped__", fn))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)
+
+
 class DirectCall:
     """Runs a Dynamo-compiled function's cached code without Dynamo's frame machinery.
 
@@ -226,7 +260,7 @@ class DirectCall:
         self._closure = fn.__closure__ or ()
         self._defaults = (fn.__defaults__, fn.__kwdefaults__)
         self._backend = backend
-        self._runnable: Any = weakref.WeakKeyDictionary()   # transformed code -> function, or None
+        self._runnable: dict[Any, Any] = {}       # transformed code -> function, or None
         code = self._code
         flags = code.co_flags
         self._varargs_only = (code.co_argcount == 0 and code.co_kwonlyargcount == 0
@@ -234,7 +268,7 @@ class DirectCall:
         self._signature = None if self._varargs_only else inspect.signature(fn)
         from torch._dynamo import eval_frame
         self._eval_frame = eval_frame
-        self._entries = eval_frame._debug_get_cache_entry_list
+        self._entries = torch._C._dynamo.eval_frame._debug_get_cache_entry_list
         self._frame_callback = torch._C._dynamo.eval_frame.get_eval_frame_callback
         self._is_compiling = torch.compiler.is_compiling
         self.hits = 0      # calls run directly
@@ -258,13 +292,24 @@ class DirectCall:
 
     def _function(self, code: Any) -> Any:
         """The transformed ``code`` as a function, or None when it needs Dynamo's frame hook."""
-        if code in self._runnable:
-            return self._runnable[code]
+        runnable = self._runnable.get(code, MISS)
+        if runnable is not MISS:
+            return runnable
+        if len(self._runnable) > 64:     # entries Dynamo dropped (a reset) are not kept forever
+            self._runnable.clear()
         runnable = None
         compiled = [name for name in code.co_names if name.startswith("__compiled_fn")]
         if (code.co_freevars == self._code.co_freevars and len(compiled) == 1
                 and not any(name.startswith("__resume_at") for name in code.co_names)):
-            runnable = types.FunctionType(code, self._globals, self._code.co_name, self._defaults[0],
+            # Dynamo wraps the compiled graph in ``disable`` (its frame hook off while the graph
+            # runs: three hook swaps a call). A direct call runs with no hook installed, so the
+            # code gets a copy of the globals in which that name is the graph itself.
+            namespace = dict(self._globals)
+            namespace[compiled[0]] = _without_disable(namespace[compiled[0]])
+            for name in code.co_names:       # the profiler-range markers around the graph call, also disabled
+                if name in namespace and getattr(namespace[name], "__name__", "") == "torch._dynamo.utils":
+                    namespace[name] = _UtilsWithoutDisable(namespace[name])
+            runnable = types.FunctionType(code, namespace, self._code.co_name, self._defaults[0],
                                           self._closure or None)
             runnable.__kwdefaults__ = self._defaults[1]
         self._runnable[code] = runnable

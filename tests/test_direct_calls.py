@@ -160,3 +160,27 @@ def test_the_plan_can_turn_direct_calls_off():
     compiled(x)
     assert compare(model(x), compiled(x)) is None
     assert "direct_calls" not in compilation_of(compiled).runtime
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = TwoLayers()
+        self.scale = 2.0
+
+    def forward(self, x):
+        return self.inner(x) * self.scale
+
+
+def test_changed_module_attributes_are_seen_with_dictionary_tag_guards():
+    model = Scaled()
+    compiled = compile_with_plan(model, "default", **STATIC)
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        compiled(x)
+        model.scale = 3.0                                  # a float the graph specialized on
+        assert compare(model(x), compiled(x)) is None
+        model.inner.b.bias.zero_()                          # a parameter changed in place
+        assert compare(model(x), compiled(x)) is None
+        model.inner.a = torch.nn.Linear(8, 16)              # a submodule replaced
+        assert compare(model(x), compiled(x)) is None
