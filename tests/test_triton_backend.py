@@ -19,6 +19,7 @@ import re  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 
+import attrs  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
@@ -197,6 +198,23 @@ def test_every_autotune_candidate_matches_eager(name):
         got = candidate(*group_inputs(kernel, args))
         for e, g in zip(expected, got):
             assert compare(e, g) is None, (blocks, compare(e, g))
+
+
+def test_many_row_reductions_also_try_register_capped_launches_that_compile_for_sm90():
+    """Autotuning a persistent row kernel over many rows also tries the heuristic's launch with at
+    most 64 and 72 registers a thread; the cap reaches the sm_90 PTX."""
+    from passes.codegen.triton_autotune import candidate_blocks
+    from passes.codegen.triton_runtime import compile_all_for_sm90
+    from passes.codegen.triton_source import kernel_source
+    from pipeline.loops import analyze
+    run_plan(layer_norm, torch.randn(1024, 64), torch.randn(64), torch.randn(64))
+    (kernel,), _ = kernels_of(LAST["graph"])
+    nest = analyze(kernel.group)
+    capped = [b for b in candidate_blocks(nest) if b.maxnreg]
+    assert sorted(b.maxnreg for b in capped) == [64, 72]
+    assert all(attrs.evolve(b, maxnreg=None) == kernel_source_blocks(kernel) for b in capped)
+    results = compile_all_for_sm90([kernel_source(nest, "triton_capped", blocks=b) for b in capped])
+    assert [r.get("maxnreg") for r in results] == [64, 72], results
 
 
 def kernel_source_blocks(kernel):

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import attrs
 import torch
 
 from pipeline.loops import LoopNest
@@ -60,8 +61,7 @@ def _load_choice(path: Path, candidates: list[Blocks]) -> Blocks | None:
 
 
 def _save_choice(path: Path, choice: Blocks, timings: list[dict]) -> None:
-    payload = {"choice": {"persistent": choice.persistent, "xblock": choice.xblock, "rblock": choice.rblock,
-                          "grid": choice.grid, "num_warps": choice.num_warps}, "timings": timings}
+    payload = {"choice": attrs.asdict(choice), "timings": timings}
     with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as tmp:
         json.dump(payload, tmp, indent=1)
     os.replace(tmp.name, path)
@@ -95,7 +95,7 @@ def tune(nest: LoopNest, name: str, *, emulate_precision: bool, inputs: list, ou
             _progress(f"{name}: candidate {i + 1}/{len(candidates)} {_describe(blocks)}")
             kernel = load(generated)
             launch = kernel[generated.grid]
-            kwargs = dict(generated.constexprs, num_warps=generated.num_warps)
+            kwargs = dict(generated.constexprs, **generated.launch_options())
             try:
                 ms = do_bench(lambda: launch(*args, **kwargs), warmup=5, rep=25)
             except Exception as exc:  # noqa: BLE001 - a candidate Triton cannot build (e.g. out of registers) loses
@@ -118,14 +118,19 @@ def tune(nest: LoopNest, name: str, *, emulate_precision: bool, inputs: list, ou
 def _describe(blocks: Blocks) -> str:
     shape = f"XBLOCK {blocks.xblock} RBLOCK {blocks.rblock}" if blocks.rblock > 1 or blocks.persistent \
         else f"BLOCK {blocks.xblock}"
-    return f"{shape}, {blocks.num_warps} warps"
+    cap = f", at most {blocks.maxnreg} registers" if blocks.maxnreg else ""
+    return f"{shape}, {blocks.num_warps} warps{cap}"
 
 
 def candidate_blocks(nest: LoopNest) -> list[Blocks]:
-    """Launch shapes autotuning tries for one nest, the heuristic's first (at most ten, since each
-    costs a Triton compile). Pointwise: blocks of 1024 to 8192 elements with 4 or 8 warps.
+    """Launch shapes autotuning tries for one nest, the heuristic's first (at most twelve, since
+    each costs a Triton compile). Pointwise: blocks of 1024 to 8192 elements with 4 or 8 warps.
     Persistent reductions: 1, 2 or 4 rows per program (tiles up to 16384 elements) with 4, 8 or 16
-    warps. Looped reductions: chunks of 1024 to 4096 elements per row with 4 to 16 warps (at least
+    warps, and, for many rows, the heuristic's shape with at most 64 or 72 registers a thread: a
+    row kernel holding its row in registers is latency-bound by how many programs fit on an SM,
+    and the cap fits one more (the layer norm + GELU row of 8192 x 4096 bf16: 79 registers, 6
+    programs per SM, 77 % of copy bandwidth; capped at 72, 7 programs, 78 %; H200, session 10).
+    Looped reductions: chunks of 1024 to 4096 elements per row with 4 to 16 warps (at least
     four elements per thread)."""
     base = choose_blocks(nest)
     found = [base]
@@ -150,6 +155,9 @@ def candidate_blocks(nest: LoopNest) -> list[Blocks]:
                 for warps in (4, 8, 16):
                     if xblock * rp >= 32 * warps:
                         add(Blocks(True, xblock, rp, -(-outer // xblock), warps))
+        if base.num_warps == 4 and outer >= 1024:
+            for cap in (64, 72):      # 8 and 7 programs of 128 threads per SM (65536 registers)
+                add(attrs.evolve(base, maxnreg=cap))
     elif base.xblock == 1:
         for rblock in (1024, 2048, 4096):
             for warps in (4, 8, 16):

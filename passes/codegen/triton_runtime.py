@@ -142,7 +142,7 @@ class TritonKernel(CompiledKernel):
         self.path = path
         self.function = module.KERNEL
         self.launch = self.function[generated.grid]
-        self.kwargs = dict(generated.constexprs, num_warps=generated.num_warps)
+        self.kwargs = dict(generated.constexprs, **generated.launch_options())
         self.empty = generated.grid[0] == 0 or not outputs    # nothing to compute or nothing to store
         self.in_strides = in_strides
         self.device = device
@@ -172,7 +172,7 @@ class TritonKernel(CompiledKernel):
         codec.need_file(self.path)
         return {"group": codec.group_to_data(self.group), "name": g.name, "source": codec.put_text(g.source),
                 "signature": dict(g.signature), "constexprs": dict(g.constexprs), "grid": list(g.grid),
-                "num_warps": g.num_warps, "persistent": g.persistent, "device": str(self.device),
+                "num_warps": g.num_warps, "maxnreg": g.maxnreg, "persistent": g.persistent, "device": str(self.device),
                 "in_strides": [list(s) for s in self.in_strides],
                 "outputs": [[list(shape), list(stride), str(dtype).removeprefix("torch.")]
                             for shape, stride, dtype in self.outputs],
@@ -190,7 +190,7 @@ class TritonKernel(CompiledKernel):
         generated = TritonSource(name=data["name"], source=codec.text(data["source"]),
                                  signature=dict(data["signature"]), constexprs=dict(data["constexprs"]),
                                  grid=tuple(data["grid"]), num_warps=data["num_warps"],
-                                 persistent=data["persistent"])
+                                 persistent=data["persistent"], maxnreg=data.get("maxnreg"))
         path, _ = write_source(generated.source, codec.cache_dir)
         kernel = cls.__new__(cls)
         CompiledKernel.__init__(kernel, codec.group_from_data(data["group"]), generated.source)
@@ -489,8 +489,11 @@ def _compile_paths(paths: list, arch: int) -> list:
             source = ASTSource(fn=jitted, signature=signature, constexprs=dict(module.CONSTEXPRS), attrs=aligned)
             compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
                                       options={"num_warps": module.NUM_WARPS,
-                                               "num_stages": getattr(module, "NUM_STAGES", 3)})
+                                               "num_stages": getattr(module, "NUM_STAGES", 3),
+                                               "maxnreg": getattr(module, "MAXNREG", None)})
+            cap = [line.split()[1] for line in compiled.asm["ptx"].splitlines() if line.startswith(".maxnreg")]
             results.append({"name": name, "path": path, "ptx_bytes": len(compiled.asm["ptx"]),
+                            "maxnreg": int(cap[0]) if cap else None,
                             "cubin_bytes": len(compiled.asm["cubin"]),
                             "num_warps": compiled.metadata.num_warps, "shared": compiled.metadata.shared})
         except Exception as exc:  # noqa: BLE001 - Triton raises many types; report them per kernel

@@ -56,13 +56,15 @@ def next_pow2(n: int) -> int:
 
 @attrs.frozen
 class Blocks:
-    """Launch shape of one kernel: block sizes, program count and warps."""
+    """Launch shape of one kernel: block sizes, program count, warps, and a cap on registers per
+    thread (``maxnreg``; None: the compiler's choice)."""
 
     persistent: bool
     xblock: int
     rblock: int
     grid: int
     num_warps: int
+    maxnreg: int | None = None
 
 
 def choose_blocks(nest: LoopNest) -> Blocks:
@@ -129,6 +131,12 @@ class TritonSource:
     grid: tuple
     num_warps: int
     persistent: bool
+    maxnreg: int | None = None
+
+    def launch_options(self) -> dict:
+        """The keyword arguments a launch (or ``warmup``) of this kernel takes besides its
+        constexprs: its warps, and its register cap when it has one."""
+        return {"num_warps": self.num_warps, **({"maxnreg": self.maxnreg} if self.maxnreg else {})}
 
 
 class TritonWriter:
@@ -355,13 +363,17 @@ class TritonWriter:
         self.write_body()
         signature.update({c: "constexpr" for c in consts})
         kind = self.kind()
+        cap = f", maxnreg {self.blocks.maxnreg}" if self.blocks.maxnreg else ""
         summary = (f"{self.name}: {kind} over loop sizes {list(self.nest.sizes)}, reduced loop axes "
-                   f"{list(self.nest.reduced)}; grid ({self.blocks.grid},), {consts}, num_warps {self.blocks.num_warps}")
+                   f"{list(self.nest.reduced)}; grid ({self.blocks.grid},), {consts}, num_warps "
+                   f"{self.blocks.num_warps}{cap}")
         text = HEADER.format(summary=summary) + helper_source(self.uses) + "\n\n" + "\n".join(self.lines) + "\n"
         text += (f"\n\nKERNEL = {self.name}\nSIGNATURE = {signature!r}\nCONSTEXPRS = {consts!r}\n"
                  f"GRID = ({self.blocks.grid},)\nNUM_WARPS = {self.blocks.num_warps}\n")
+        if self.blocks.maxnreg:
+            text += f"MAXNREG = {self.blocks.maxnreg}\n"
         return TritonSource(self.name, text, signature, consts, (self.blocks.grid,), self.blocks.num_warps,
-                            self.blocks.persistent)
+                            self.blocks.persistent, self.blocks.maxnreg)
 
     def write_pointwise(self) -> None:
         """A flat kernel; over [rows, row length] with rows at least BLOCK long, a block spans at
