@@ -146,6 +146,18 @@ def test_one_plus_or_minus_tanh_is_computed_as_a_sigmoid(fn):
     assert re.search(r"= \(2\.0 / \(1\.0 \+ tl\.exp\(-?2\.0 \* v\d+_mul\)\)\)", kernel.source), kernel.source
 
 
+def test_in_bf16_one_plus_tanh_rounds_tanh_as_eager_does():
+    """Eager rounds tanh(u) to bf16 before adding 1; the kernel rounds the same tanh (written
+    1 - 2 / (1 + exp(2u))) before its add, so GPT-2's logits stay as close to eager's as before."""
+    x = with_specials(16, 64).to(torch.bfloat16)
+    compiled = compile_with_plan(gelu_new, PLAN)
+    with torch.no_grad():
+        compiled(x)
+    (kernel,), _ = kernels_of(LAST["graph"])
+    assert re.search(r"= \(1\.0 \+ \(1\.0 - 2\.0 / \(1\.0 \+ tl\.exp\(2\.0 \* v\d+_mul\)\)\)"
+                     r"\.to\(tl\.bfloat16\)", kernel.source), kernel.source
+
+
 def test_reduction_kernels_are_persistent_when_the_row_fits():
     run_plan(softmax, torch.randn(32, 100))
     (kernel,), _ = kernels_of(LAST["graph"])

@@ -163,7 +163,7 @@ class Codegen(Pass):
 
     name = "codegen"
     Options = CodegenOptions
-    version = "11"
+    version = "12"
     requires = frozenset({"fused"})
     provides = frozenset({"codegen"})
 

@@ -313,7 +313,7 @@ class TritonWriter:
             self.var[node], self.dims[node] = var, source[1]
             return
         dims: set = set()
-        expr = pointwise_expr(node, self.operand(depth, node, level, dims), self.uses)
+        expr = pointwise_expr(node, self.operand(depth, node, level, dims), self.uses, self.emulate)
         if self.emulate and not expr.endswith(round_to(meta_of(node).dtype, "")):
             expr = round_to(meta_of(node).dtype, expr)      # (a conversion op already rounded it)
         var = f"v_{node.name}"
