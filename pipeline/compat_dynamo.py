@@ -242,14 +242,15 @@ class DirectCall:
     This does the same lookup directly: the frame's locals are built from the call's arguments
     and the function's closure, each cache entry compiled by *our* backend has its guard manager
     checked in Dynamo's order, and the first that passes has its transformed code run as a
-    plain function (the compiled graph inside it is wrapped by Dynamo and runs as usual). It
-    declines (returns :data:`MISS`, and the caller goes through Dynamo) when no entry passes (a
-    recompile is due), when ``allowed()`` says no (capture: once any graph break was seen), when
-    the entry that passes calls anything but one compiled graph (resume functions after a graph
-    break are compiled by Dynamo's frame hook only, and would run eagerly here), under a stance that changes hits
-    (``force_eager``, the ``*_then_compile`` stances), and when called while Dynamo is tracing or
-    its frame hook is installed (a compiled function calling this one). It does not read
-    ``torch._dynamo.config.disable`` (1.4 µs a read): a process that turns Dynamo off after
+    plain function, with the compiled graph and Dynamo's profiler-range markers unwrapped from
+    their ``disable`` wrappers (no frame hook is installed on this path). It declines (returns
+    :data:`MISS`, and the caller goes through Dynamo) when no entry passes (a recompile is due),
+    when ``allowed()`` says no (capture: once any graph break was seen), when the entry that
+    passes calls anything but one compiled graph (resume functions after a graph break are
+    compiled by Dynamo's frame hook only, and would run eagerly here), under a stance that
+    changes hits (``force_eager``, the ``*_then_compile`` stances), and when called while Dynamo
+    is tracing or its frame hook is installed (a compiled function calling this one). It does not
+    read ``torch._dynamo.config.disable`` (1.4 µs a read): a process that turns Dynamo off after
     compiling keeps running what was compiled until a call misses.
     """
 
@@ -306,7 +307,7 @@ class DirectCall:
             # code gets a copy of the globals in which that name is the graph itself.
             namespace = dict(self._globals)
             namespace[compiled[0]] = _without_disable(namespace[compiled[0]])
-            for name in code.co_names:       # the profiler-range markers around the graph call, also disabled
+            for name in code.co_names:       # the profiler-range markers around the graph call
                 if name in namespace and getattr(namespace[name], "__name__", "") == "torch._dynamo.utils":
                     namespace[name] = _UtilsWithoutDisable(namespace[name])
             runnable = types.FunctionType(code, namespace, self._code.co_name, self._defaults[0],
