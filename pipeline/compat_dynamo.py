@@ -153,8 +153,45 @@ def recompile_limit_hits(since: int = 0) -> list[str]:
     return list(_limit_hits[since:])
 
 
+_break_counts: dict[str, int] = {}
+_break_hook: bool | None = None     # None: not tried yet; False: this Dynamo has no log_graph_break
+_NOT_A_SPLIT = "Failed to handle graph break gracefully"   # the whole frame runs eagerly instead
+
+
+def _count_logged_breaks() -> bool:
+    """Count every graph break Dynamo logs, by reason, in :data:`_break_counts`.
+
+    Dynamo's ``counters["graph_break"]`` misses some: in torch 2.13 a data-dependent branch
+    (``if tensor.sum() > 0:``) in the frame being compiled splits the graph but is counted under
+    ``counters["unimplemented"]``, beside unsupported operations that split nothing. Every split
+    goes through ``InstructionTranslatorBase.log_graph_break`` once (it marks the exception
+    logged), so a wrapper there counts each one; the call logging a frame that falls back to
+    eager whole (an exception leaving the compiled function, for example) is not a split."""
+    global _break_hook
+    if _break_hook is None:
+        from torch._dynamo import symbolic_convert
+        cls = getattr(symbolic_convert, "InstructionTranslatorBase", None)
+        original = getattr(cls, "log_graph_break", None)
+        _break_hook = original is not None
+        if _break_hook and not getattr(original, "_pipeline_counting", False):
+            def log_graph_break(self: Any, *args: Any, **kwargs: Any) -> Any:
+                exc = kwargs.get("exc", args[2] if len(args) > 2 else None)
+                reason = str(kwargs.get("reason", args[1] if len(args) > 1 else ""))
+                if exc is not None and not getattr(exc, "logged", False) and not reason.startswith(_NOT_A_SPLIT):
+                    key = getattr(exc, "msg", None) or reason
+                    _break_counts[key] = _break_counts.get(key, 0) + 1
+                return original(self, *args, **kwargs)
+
+            log_graph_break._pipeline_counting = True
+            cls.log_graph_break = log_graph_break
+    return _break_hook
+
+
 def graph_break_counts() -> dict[str, int]:
-    """Dynamo's running count of graph breaks by reason (process-wide)."""
+    """The running count of graph breaks by reason, process-wide, from the first call of this
+    function on (see :func:`_count_logged_breaks`; Dynamo's own counter where that cannot work)."""
+    if _count_logged_breaks():
+        return dict(_break_counts)
     from torch._dynamo.utils import counters
     return dict(counters["graph_break"])
 

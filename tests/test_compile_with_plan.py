@@ -79,6 +79,22 @@ def test_item_branch_gives_two_graphs_and_one_break_with_reason():
     assert "item()" in comp.graph_breaks[0]
 
 
+def test_a_branch_on_a_tensor_is_one_graph_break():
+    """``if tensor:`` splits the graph like ``.item()`` does; torch 2.13's own graph-break counter
+    leaves this one out (it counts it as an unsupported operation)."""
+    def branch_on_tensor(x):
+        y = x.sin()
+        if y.sum() > 0:
+            return y * 2
+        return y - 1
+    compiled = compile_with_plan(branch_on_tensor, "debug")
+    x = torch.randn(64)
+    assert compare(branch_on_tensor(x), compiled(x)) is None
+    comp = compilation_of(compiled)
+    assert comp.summary()["graph_count"] == 2
+    assert len(comp.graph_breaks) == 1 and comp.graph_breaks[0].startswith("Data-dependent branching")
+
+
 def test_buffer_updated_in_place_matches_eager():
     torch.manual_seed(0)
     eager, model = Counter(), Counter()
