@@ -188,12 +188,16 @@ def _count_logged_breaks() -> bool:
 
 
 def graph_break_counts() -> dict[str, int]:
-    """The running count of graph breaks by reason, process-wide, from the first call of this
-    function on (see :func:`_count_logged_breaks`; Dynamo's own counter where that cannot work)."""
-    if _count_logged_breaks():
-        return dict(_break_counts)
+    """The running count of graph breaks by reason, process-wide: per reason the larger of
+    Dynamo's own counter and the breaks its log calls showed since the first call of this
+    function (see :func:`_count_logged_breaks`). Each covers what the other may miss on some
+    torch release; both key a reason by the exception's message."""
     from torch._dynamo.utils import counters
-    return dict(counters["graph_break"])
+    counted = dict(counters["graph_break"])
+    if _count_logged_breaks():
+        for reason, count in _break_counts.items():
+            counted[reason] = max(count, counted.get(reason, 0))
+    return counted
 
 
 def unsupported_error_types() -> tuple[type, ...]:
