@@ -172,7 +172,8 @@ class TritonKernel(CompiledKernel):
         codec.need_file(self.path)
         return {"group": codec.group_to_data(self.group), "name": g.name, "source": codec.put_text(g.source),
                 "signature": dict(g.signature), "constexprs": dict(g.constexprs), "grid": list(g.grid),
-                "num_warps": g.num_warps, "maxnreg": g.maxnreg, "persistent": g.persistent, "device": str(self.device),
+                "num_warps": g.num_warps, "maxnreg": g.maxnreg, "persistent": g.persistent,
+                "device": str(self.device),
                 "in_strides": [list(s) for s in self.in_strides],
                 "outputs": [[list(shape), list(stride), str(dtype).removeprefix("torch.")]
                             for shape, stride, dtype in self.outputs],
