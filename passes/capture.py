@@ -129,7 +129,7 @@ class Capture(CapturePass):
                     return inner(*args, **kwargs)
 
         direct = None
-        if opts.direct_calls and not opts.regions and opts.stance in _DIRECT_STANCES and not sharded:
+        if opts.direct_calls and not opts.regions and opts.stance in compat.DIRECT_STANCES and not sharded:
             direct = compat.DirectCall(target, backend, allowed=context.without_graph_breaks)
             context.expose("direct_calls", direct)
 
@@ -168,9 +168,6 @@ class Capture(CapturePass):
             return out
 
         return run
-
-
-_DIRECT_STANCES = ("default", "eager_on_recompile", "fail_on_recompile")
 
 
 def _module_caller(module: torch.nn.Module) -> Callable:

@@ -12,8 +12,8 @@ import torch
 import torch.fx
 
 from .compat_dynamo import (  # noqa: F401  (re-exported: callers import one compatibility module)
-    MISS, STANCES, DirectCall, ReusableStance, apply_dynamo_settings, backend_failure_types, current_stance,
-    dynamo_compile, graph_break_counts, is_refused_recompile, logger_functions, logging_can_be_ignored,
+    DIRECT_STANCES, MISS, STANCES, DirectCall, ReusableStance, apply_dynamo_settings, backend_failure_types,
+    current_stance, dynamo_compile, graph_break_counts, is_refused_recompile, logger_functions, logging_can_be_ignored,
     max_variants_per_function, recompile_error_types, recompile_limit_hit_count, recompile_limit_hits,
     reset_dynamo, stance, unsupported_error_types)
 

@@ -237,7 +237,8 @@ def reset_dynamo() -> None:
 MISS = object()
 """What :meth:`DirectCall.__call__` returns when it did not run the call (Dynamo's path must)."""
 
-_DIRECT_STANCES = frozenset({"default", "eager_on_recompile", "fail_on_recompile"})   # they differ on misses only
+DIRECT_STANCES = frozenset({"default", "eager_on_recompile", "fail_on_recompile"})
+"""Stances under which :class:`DirectCall` runs hits (they differ from the default on misses only)."""
 
 
 _DISABLED_CODE: Any = None
@@ -360,7 +361,7 @@ class DirectCall:
     def __call__(self, args: tuple, kwargs: dict) -> Any:
         # Every check here is paid on every call, so each is the cheapest form of its question.
         stance = getattr(self._eval_frame._stance, "stance", "default")
-        if (stance not in _DIRECT_STANCES or self._is_compiling() or self._frame_callback() is not None
+        if (stance not in DIRECT_STANCES or self._is_compiling() or self._frame_callback() is not None
                 or not self._allowed()):
             self.misses += 1
             return MISS
