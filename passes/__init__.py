@@ -19,6 +19,7 @@ from .dce import DeadCodeElimination
 from .decompose import Decompose, core_aten_check
 from .functionalize import Functionalize, mutated_intermediates
 from .pad_mm import PadMatmul
+from .pack_weights import PackWeights
 from .transpose_weights import TransposeWeights
 from .fuse import Fuse
 from .reinplace import Reinplace
@@ -26,7 +27,7 @@ from .cudagraphs import CudaGraphs
 from .partition import Partition
 
 BUILTIN_PASSES = [Capture, Functionalize, Decompose, DeadCodeElimination,
-                  CommonSubexpressionElimination, ConstantFold, PadMatmul, Fuse, TransposeWeights, Reinplace, Codegen, MatmulTemplate, CudaGraphs,
+                  CommonSubexpressionElimination, ConstantFold, PadMatmul, Fuse, PackWeights, TransposeWeights, Reinplace, Codegen, MatmulTemplate, CudaGraphs,
                   Partition]
 
 

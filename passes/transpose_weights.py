@@ -22,7 +22,6 @@ plain transpose.
 """
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import attrs
@@ -31,7 +30,7 @@ import torch.fx
 
 from pipeline import Pass, PassContext, device_types, option, positive
 from pipeline.fused import meta_of
-from pipeline.ir import is_static_input, transposed_matrix
+from pipeline.ir import KeptWeightValue, is_static_input, transposed_matrix
 
 aten = torch.ops.aten
 
@@ -49,27 +48,22 @@ class TransposeWeightsOptions:
 
 class TransposedWeight:
     """``weight.t()`` for a matmul: for a parameter or buffer a contiguous copy, kept while the
-    weight is unchanged (same object, address and version counter); for any other tensor the
-    transposed view. ``copies`` counts the copies made (tests read it)."""
+    weight is unchanged (:class:`pipeline.ir.KeptWeightValue`); for any other tensor the transposed
+    view. ``copies`` counts the copies made (tests read it)."""
 
     __name__ = "transposed_weight"
 
     def __init__(self) -> None:
-        self._source: Any = None          # weakref to the weight the copy was made from
-        self._stamp: tuple = ()
-        self._copy: torch.Tensor | None = None
-        self.copies = 0
+        self._kept = KeptWeightValue(lambda weight: weight.t().contiguous())
+
+    @property
+    def copies(self) -> int:
+        return self._kept.made
 
     def __call__(self, weight: torch.Tensor) -> torch.Tensor:
         if not is_static_input(weight):
             return weight.t()
-        stamp = (weight.data_ptr(), weight._version, weight.shape, weight.stride(), weight.dtype, weight.device)
-        if self._copy is None or self._source() is not weight or self._stamp != stamp:
-            with torch.no_grad():
-                self._copy = weight.t().contiguous()
-            self._source, self._stamp = weakref.ref(weight), stamp
-            self.copies += 1
-        return self._copy
+        return self._kept.get(weight)
 
     def to_data(self, codec: Any) -> dict:
         """Nothing to write: a rebuilt object starts without a copy (see pipeline.graph_io)."""

@@ -1,7 +1,8 @@
 """Helpers on FX graphs shared by passes (a pass never imports another pass's internals)."""
 from __future__ import annotations
 
-from typing import Any
+import weakref
+from typing import Any, Callable
 
 import torch
 import torch.fx
@@ -134,3 +135,29 @@ def is_static_input(value: Any) -> bool:
     """A parameter or buffer (Dynamo marks buffers as static inputs): the same tensor, at the same
     address, in every call of a compiled graph."""
     return isinstance(value, torch.nn.Parameter) or getattr(value, "_dynamo_static_input_type", None) is not None
+
+
+class KeptWeightValue:
+    """A value derived from a parameter or buffer (a transposed copy, a packed layout), kept between
+    calls while the weight is unchanged: the same tensor object at the same address with the same
+    version counter. Every in-place update through the tensor itself bumps the counter (an
+    optimizer's step, ``copy_``, ``add_`` under no_grad) and ``weight.data = other`` moves the
+    address; a write through ``weight.data`` (``weight.data.copy_(...)``) changes neither and
+    cannot be seen, so passes that keep such values are opt-in. ``made`` counts derivations."""
+
+    def __init__(self, derive: Callable[[torch.Tensor], Any]) -> None:
+        self._derive = derive
+        self._source: Any = None          # weakref to the weight the value was derived from
+        self._stamp: tuple = ()
+        self._value: Any = None
+        self.made = 0
+
+    def get(self, weight: torch.Tensor) -> Any:
+        """The kept value for ``weight``, derived again when the weight changed."""
+        stamp = (weight.data_ptr(), weight._version)
+        if self._value is None or self._stamp != stamp or self._source() is not weight:
+            with torch.no_grad():
+                self._value = self._derive(weight)
+            self._source, self._stamp = weakref.ref(weight), stamp
+            self.made += 1
+        return self._value

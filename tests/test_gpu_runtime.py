@@ -151,3 +151,18 @@ def test_column_sums_run_as_split_reductions_and_match_eager():
             assert compare(gradients(g, h, w), compiled(g, h, w)) is None
     (kernel,) = made
     assert kernel.partial._fast is not None and kernel.combine._fast is not None
+
+
+def cube_gelu_term(x):
+    return x + 0.044715 * torch.pow(x, 3.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_cube_matches_eager_bit_for_bit(dtype):
+    """ATen's CUDA kernel computes a half-precision x ** 3 as x * x * x in the half type (the
+    square rounded); with eager rounding emulated, the fused kernel gives the same bits."""
+    torch._dynamo.reset()
+    compiled = compile_with_plan(cube_gelu_term, "default")
+    x = torch.randn(256, 1024, device="cuda").mul(3).to(dtype)
+    with torch.no_grad():
+        assert torch.equal(compiled(x), cube_gelu_term(x))

@@ -158,6 +158,24 @@ def test_in_bf16_one_plus_tanh_rounds_tanh_as_eager_does():
                      r"\.to\(tl\.bfloat16\)", kernel.source), kernel.source
 
 
+def cube_gelu_term(x):
+    return x + 0.044715 * torch.pow(x, 3.0)
+
+
+def test_in_bf16_a_cube_rounds_the_square_as_eager_does():
+    """ATen computes a half-precision ``x ** 3`` as ``x * x * x`` in the half type, the square
+    rounded before the last product (CUDA for fp16 and bf16, CPU for bf16); the kernel does too.
+    The interpreter's bf16 conversion is not round-to-nearest, so only the source is checked
+    here; tests/test_gpu_runtime.py compares the bits with eager's on the GPU."""
+    x = with_specials(16, 64).to(torch.bfloat16)
+    compiled = compile_with_plan(cube_gelu_term, PLAN)
+    with torch.no_grad():
+        compiled(x)
+    (kernel,), _ = kernels_of(LAST["graph"])
+    assert re.search(r"\(\((\w+) \* \1\)\.to\(tl\.bfloat16\)\.to\(tl\.float32\) \* \1\)", kernel.source), \
+        kernel.source
+
+
 def test_reduction_kernels_are_persistent_when_the_row_fits():
     run_plan(softmax, torch.randn(32, 100))
     (kernel,), _ = kernels_of(LAST["graph"])

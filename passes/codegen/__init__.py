@@ -163,7 +163,7 @@ class Codegen(Pass):
 
     name = "codegen"
     Options = CodegenOptions
-    version = "12"
+    version = "13"
     requires = frozenset({"fused"})
     provides = frozenset({"codegen"})
 

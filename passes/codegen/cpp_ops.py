@@ -74,9 +74,10 @@ def nan_guard(a: str, expr: str, ctype: str) -> str:
     return expr
 
 
-def pointwise_expr(node: torch.fx.Node, operand: Callable[[Any, str], str]) -> str:
+def pointwise_expr(node: torch.fx.Node, operand: Callable[[Any, str], str], emulate: bool = True) -> str:
     """C expression computing ``node`` in its compute type; ``operand(arg, ctype)`` renders an
-    argument (graph value or literal) converted to ``ctype``."""
+    argument (graph value or literal) converted to ``ctype``; ``emulate``: the kernel rounds every
+    half-precision value as eager does."""
     name = packet_name(node.target)
     out_dtype = meta_of(node).dtype
     ct = compute_type(out_dtype)
@@ -172,6 +173,10 @@ def pointwise_expr(node: torch.fx.Node, operand: Callable[[Any, str], str]) -> s
             x = a(0)
             if exponent == 2:
                 return f"({x} * {x})"
+            if exponent == 3 and emulate and out_dtype == torch.bfloat16:
+                # ATen's CPU kernel computes a bf16 x ** 3 as x * x * x in bf16: the square is
+                # rounded before the last product (fp16 goes through std::pow, rounded once)
+                return f"({round_to(out_dtype, f'({x} * {x})')} * {x})"
             if exponent == 1:
                 return x
             if exponent == 0.5 and ct in ("float", "double"):

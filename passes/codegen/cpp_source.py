@@ -204,7 +204,7 @@ class KernelWriter:
             numerator = self.operand(node, level)(node.args[0], ct)
             expr = f"({numerator} * inv_{divisor.name})"
         else:
-            expr = pointwise_expr(node, self.operand(node, level))
+            expr = pointwise_expr(node, self.operand(node, level), self.emulate)
         if self.emulate:
             expr = round_to(meta_of(node).dtype, expr)
         var = f"v_{node.name}"

@@ -70,6 +70,9 @@ def store_cast(value: str, dtype: torch.dtype) -> str:
     return value if storage == compute_type(dtype) else f"{wrap(value)}.to({storage})"
 
 
+HALF = (torch.float16, torch.bfloat16)
+
+
 def round_to(dtype: torch.dtype, value: str) -> str:
     """Round a compute value to ``dtype``'s precision, as eager does after every op."""
     if dtype in (torch.float16, torch.bfloat16):
@@ -432,7 +435,7 @@ def pointwise_expr(node, operand: Callable[[Any, str], str], uses: set[str], emu
         x = operand(args[0], source_ct)
         return f"({x} != {x})"
     if name == "aten.pow":
-        return _pow(args, ct, a, operand, helper)
+        return _pow(args, ct, a, operand, helper, out_dtype if emulate else None)
     if name == "aten.gelu":
         x = a(0)
         if not is_float:
@@ -452,7 +455,10 @@ def filled(value: Any, ct: str, like: str) -> str:
     return f"tl.where({like} == {like}, {text}, {text})"
 
 
-def _pow(args: list, ct: str, a, operand, helper) -> str:
+def _pow(args: list, ct: str, a, operand, helper, rounded: torch.dtype | None) -> str:
+    """``rounded``: the dtype eager rounds to after each op when the kernel emulates it. ATen's
+    CUDA kernel computes a half-precision ``x ** 3`` as ``x * x * x`` in the half type itself, so
+    the square is rounded before the last product (1 value in 4 differs otherwise)."""
     if ct not in FLOAT_CT:
         raise NotImplementedError("integer pow")
     if not isinstance(args[0], torch.fx.Node):
@@ -461,7 +467,8 @@ def _pow(args: list, ct: str, a, operand, helper) -> str:
         exponent, x = args[1], a(0)
         if isinstance(exponent, bool):
             exponent = int(exponent)
-        simple = {2: f"({x} * {x})", 1: x, 3: f"({x} * {x} * {x})", 0.5: sqrt(x, ct),
+        cube = f"({round_to(rounded, f'({x} * {x})')} * {x})" if rounded in HALF else f"({x} * {x} * {x})"
+        simple = {2: f"({x} * {x})", 1: x, 3: cube, 0.5: sqrt(x, ct),
                   -1: f"(1.0 / {x})", -0.5: f"(1.0 / {sqrt(x, ct)})", 0: filled(1.0, ct, x)}
         if exponent in simple:
             return simple[exponent]
