@@ -166,3 +166,16 @@ def test_a_half_precision_cube_matches_eager_bit_for_bit(dtype):
     x = torch.randn(256, 1024, device="cuda").mul(3).to(dtype)
     with torch.no_grad():
         assert torch.equal(compiled(x), cube_gelu_term(x))
+
+
+def scaled_rsqrt(x):
+    return torch.rsqrt(x) * 2.0
+
+
+def test_an_fp32_rsqrt_matches_eager_bit_for_bit():
+    """ATen's CUDA rsqrt calls rsqrtf (the hardware approximation); the kernel uses the same."""
+    torch._dynamo.reset()
+    compiled = compile_with_plan(scaled_rsqrt, "default")
+    x = torch.rand(1 << 20, device="cuda") * 100 + 1e-3
+    with torch.no_grad():
+        assert torch.equal(compiled(x), scaled_rsqrt(x))

@@ -176,6 +176,12 @@ def test_in_bf16_a_cube_rounds_the_square_as_eager_does():
         kernel.source
 
 
+def test_fp32_rsqrt_is_the_hardware_reciprocal_square_root_as_in_aten():
+    run_plan(layer_norm, torch.randn(32, 100), torch.randn(100), torch.randn(100))
+    (kernel,), _ = kernels_of(LAST["graph"])
+    assert "tl.math.rsqrt(" in kernel.source and "sqrt_rn" not in kernel.source, kernel.source
+
+
 def test_reduction_kernels_are_persistent_when_the_row_fits():
     run_plan(softmax, torch.randn(32, 100))
     (kernel,), _ = kernels_of(LAST["graph"])

@@ -163,7 +163,7 @@ class Codegen(Pass):
 
     name = "codegen"
     Options = CodegenOptions
-    version = "13"
+    version = "14"
     requires = frozenset({"fused"})
     provides = frozenset({"codegen"})
 

@@ -186,7 +186,7 @@ class MatmulTemplate(Pass):
 
     name = "matmul-template"
     Options = MatmulTemplateOptions
-    version = "4"
+    version = "5"
     requires = frozenset({"codegen"})
     provides = frozenset({"matmul-template"})
     uses_fuel = True
