@@ -139,11 +139,12 @@ def is_static_input(value: Any) -> bool:
 
 class KeptWeightValue:
     """A value derived from a parameter or buffer (a transposed copy, a packed layout), kept between
-    calls while the weight is unchanged: the same tensor object at the same address with the same
-    version counter. Every in-place update through the tensor itself bumps the counter (an
-    optimizer's step, ``copy_``, ``add_`` under no_grad) and ``weight.data = other`` moves the
-    address; a write through ``weight.data`` (``weight.data.copy_(...)``) changes neither and
-    cannot be seen, so passes that keep such values are opt-in. ``made`` counts derivations."""
+    calls while the weight is unchanged: the same tensor object at the same address, with the same
+    version counter, shape and strides. Every in-place update through the tensor itself bumps the
+    counter (an optimizer's step, ``copy_``, ``add_`` under no_grad) and ``weight.data = other``
+    moves the address; a write through ``weight.data`` (``weight.data.copy_(...)``) changes none of
+    these and cannot be seen, so passes that keep such values are opt-in. ``made`` counts
+    derivations."""
 
     def __init__(self, derive: Callable[[torch.Tensor], Any]) -> None:
         self._derive = derive
@@ -154,7 +155,7 @@ class KeptWeightValue:
 
     def get(self, weight: torch.Tensor) -> Any:
         """The kept value for ``weight``, derived again when the weight changed."""
-        stamp = (weight.data_ptr(), weight._version)
+        stamp = (weight.data_ptr(), weight._version, weight.shape, weight.stride())
         if self._value is None or self._stamp != stamp or self._source() is not weight:
             with torch.no_grad():
                 self._value = self._derive(weight)

@@ -146,7 +146,8 @@ def test_a_compiled_graph_loaded_from_the_cache_packs_on_its_first_call(tmp_path
 def test_property_results_match_eager_through_weight_updates(rows, inner, outer, bias, updates):
     torch._dynamo.reset()
     model = torch.nn.Linear(inner, outer, bias=bias).eval()
-    compiled = compile_with_plan(model, {"extends": "cpu-inference", "options": {"pack-weights": {"min_flops": 0}}})
+    plan = {"extends": "cpu-inference", "options": {"pack-weights": {"min_flops": 0}}}
+    compiled = compile_with_plan(model, plan)
     x = torch.randn(rows, inner)
     for _ in range(updates + 1):
         check(compiled, model, x)

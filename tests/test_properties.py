@@ -169,6 +169,24 @@ def test_transpose_weights_preserves_semantics(rows, inner, outer, bias, paramet
         assert_preserves_semantics(pass_, compat_trace(linear, inputs), inputs)
 
 
+@FAST
+@given(st.integers(1, 300), st.integers(1, 40), st.integers(1, 40), st.booleans(), st.booleans())
+def test_pack_weights_preserves_semantics(rows, inner, outer, bias, parameter):
+    from passes.pack_weights import PackWeights, PackWeightsOptions, mkl_packing_available
+    if not mkl_packing_available():
+        pytest.skip("this torch build has no MKL")
+
+    def linear(x, w, b):
+        return torch.nn.functional.linear(x, w, b if bias else None).relu()
+
+    weight = torch.randn(outer, inner)
+    inputs = [torch.randn(rows, inner), torch.nn.Parameter(weight, requires_grad=False) if parameter else weight,
+              torch.randn(outer)]
+    pass_ = PackWeights(PackWeightsOptions(enabled=True, min_flops=0))
+    with torch.no_grad():
+        assert_preserves_semantics(pass_, compat_trace(linear, inputs), inputs)
+
+
 def compat_trace(fn, inputs):
     """An ATen-level graph of ``fn`` (mm/addmm/t nodes, which pad-mm rewrites)."""
     from pipeline import compat
