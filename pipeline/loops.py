@@ -52,6 +52,7 @@ class LoopNest:
     passes: int
     ramps: dict = attrs.field(factory=dict)     # index-ramp node -> Ramp (computed, never loaded)
     pitch: object = None                        # a backend's padded-extent plan (Triton: triton_pitch.Pitch)
+    aten_statistics: bool = False               # Triton: row variances in ATen's order (triton_welford.py)
 
     @property
     def outer_axes(self) -> list[int]:

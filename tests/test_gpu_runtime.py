@@ -179,3 +179,25 @@ def test_an_fp32_rsqrt_matches_eager_bit_for_bit():
     x = torch.rand(1 << 20, device="cuda") * 100 + 1e-3
     with torch.no_grad():
         assert torch.equal(compiled(x), scaled_rsqrt(x))
+
+
+def residual_layer_norm(x, r, w, b):
+    h = x + r
+    return h, torch.nn.functional.layer_norm(h, (h.shape[-1],), w, b, 1e-5)
+
+
+@pytest.mark.parametrize("n", [100, 768, 1000, 4096])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_eager_norm_statistics_give_eager_layer_norm_bits(n, dtype):
+    """codegen.eager_norm_statistics: the statistics in ATen's Welford order, the warp tree as
+    warp shuffles, so the fused residual add + layer norm gives eager's exact values."""
+    torch._dynamo.reset()
+    plan = {"extends": "default", "options": {"codegen": {"eager_norm_statistics": True}}}
+    compiled = compile_with_plan(residual_layer_norm, plan)
+    x = (torch.randn(512, n, device="cuda") * 0.05 + torch.randn(512, 1, device="cuda") * 0.01).to(dtype)
+    r = (torch.randn(512, n, device="cuda") * 0.05).to(dtype)
+    w, b = torch.randn(n, device="cuda").to(dtype), torch.randn(n, device="cuda").to(dtype)
+    with torch.no_grad():
+        got, expected = compiled(x, r, w, b), residual_layer_norm(x, r, w, b)
+    assert torch.equal(got[0], expected[0])
+    assert torch.equal(got[1], expected[1]), f"{int((got[1] != expected[1]).sum())} values differ"

@@ -23,6 +23,7 @@ import attrs  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 from pipeline import compilation_of, compile_with_plan  # noqa: E402
 from pipeline.fused import FusedGroup  # noqa: E402
@@ -180,6 +181,47 @@ def test_fp32_rsqrt_is_the_hardware_reciprocal_square_root_as_in_aten():
     run_plan(layer_norm, torch.randn(32, 100), torch.randn(100), torch.randn(100))
     (kernel,), _ = kernels_of(LAST["graph"])
     assert "tl.math.rsqrt(" in kernel.source and "sqrt_rn" not in kernel.source, kernel.source
+
+
+EXACT_STATISTICS = {"extends": "cpu-inference",
+                    "options": {"codegen": {"backend": "triton", "eager_norm_statistics": True}}}
+
+
+@pytest.mark.parametrize("n", [64, 100, 1000])
+def test_eager_norm_statistics_run_atens_welford_tree_one_row_per_program(n):
+    """codegen.eager_norm_statistics: the variance is Welford's in ATen's thread layout (the tree
+    written with reshapes here; warp shuffles on CUDA, checked bit for bit in test_gpu_runtime)."""
+    x, w, b = torch.randn(6, n) * 3 + 1, torch.randn(n), torch.randn(n)
+    compiled = compile_with_plan(layer_norm, EXACT_STATISTICS)
+    with torch.no_grad():
+        problem = compare(layer_norm(x, w, b), compiled(x, w, b))
+    assert problem is None, problem
+    (kernel,), _ = kernels_of(LAST["graph"])
+    assert "pp_welford_halve(" in kernel.source and "tl.sum(" not in kernel.source.split("def triton_")[1]
+    assert kernel.generated.constexprs["XBLOCK"] == 1 and kernel.generated.num_warps == 4
+
+
+def test_without_eager_norm_statistics_a_variance_is_two_sums():
+    run_plan(layer_norm, torch.randn(6, 100), torch.randn(100), torch.randn(100))
+    (kernel,), _ = kernels_of(LAST["graph"])
+    assert "pp_welford" not in kernel.source and kernel.source.count("tl.sum(") == 2
+
+
+def test_rows_of_a_length_not_divisible_by_4_keep_two_sums_with_the_option():
+    compile_with_plan(layer_norm, EXACT_STATISTICS)(torch.randn(6, 30), torch.randn(30), torch.randn(30))
+    (kernel,), _ = kernels_of(LAST["graph"])
+    assert "pp_welford" not in kernel.source
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.integers(1, 5), quarter=st.integers(1, 160), scale=st.floats(1e-3, 1e3), shift=st.floats(-50, 50))
+def test_property_eager_norm_statistics_match_eager(rows, quarter, scale, shift):
+    torch._dynamo.reset()
+    n = 4 * quarter
+    x, w, b = torch.randn(rows, n) * scale + shift, torch.randn(n), torch.randn(n)
+    with torch.no_grad():
+        problem = compare(layer_norm(x, w, b), compile_with_plan(layer_norm, EXACT_STATISTICS)(x, w, b))
+    assert problem is None, problem
 
 
 def test_reduction_kernels_are_persistent_when_the_row_fits():

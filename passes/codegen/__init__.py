@@ -63,6 +63,13 @@ class CodegenOptions:
               "over the padded extent, so their loads and stores vectorize, and write output pads' padding "
               "in the kernel; each call checks that such inputs' storage holds the padding, else the exact "
               "kernel runs (see passes/codegen/triton_pitch.py).")
+    eager_norm_statistics: bool = option(
+        False, "triton: compute a row's mean and variance (layer norm's) in the order of ATen's CUDA layer-norm "
+               "kernel (Welford in 128 threads, a warp-shuffle tree), so layer-norm outputs have eager's "
+               "bits. Such kernels run one row per program with 4 warps and cost more: on the H200 GPT-2 "
+               "prefill took 2.85 ms instead of 2.55 (its logits 4e-5 from eager's instead of 1.05e-2), "
+               "and the layer norm + GELU + residual row 0.053 ms instead of 0.045 "
+               "(passes/codegen/triton_welford.py).")
     split_reductions: bool = option(
         True, "triton: run a reduction over a strided axis that would launch few programs (a backward's "
               "bias and norm-weight column sums) as two kernels: partial results over chunks of rows, "
@@ -175,7 +182,8 @@ class Codegen(Pass):
             from .triton_runtime import generate   # imports triton lazily
             graph = generate(graph, context, emulate_precision=self.options.emulate_precision_casts,
                              autotune=self.options.autotune, compile_workers=self.options.compile_workers,
-                             pitch_rows=self.options.pitch_rows, split_reductions=self.options.split_reductions)
+                             pitch_rows=self.options.pitch_rows, split_reductions=self.options.split_reductions,
+                             eager_norm_statistics=self.options.eager_norm_statistics)
         else:
             graph = self.generate_cpp(graph, context)
         return self.host(graph, context)

@@ -18,6 +18,8 @@ import torch.fx
 
 from pipeline.fused import BITWISE, COMPARISONS, PAD, UNIT_RESHAPES, clamp_bounds, meta_of, packet_name, promoted_dtype, value_dtype
 
+from .triton_welford import WELFORD_HELPERS
+
 TL_STORAGE = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
               torch.bfloat16: "tl.bfloat16", torch.int8: "tl.int8", torch.uint8: "tl.uint8",
               torch.int16: "tl.int16", torch.int32: "tl.int32", torch.int64: "tl.int64", torch.bool: "tl.int1"}
@@ -246,6 +248,7 @@ def pp_mul(a, b):
     return a * b
 ''', ()),
 }
+HELPERS.update(WELFORD_HELPERS)     # row statistics in ATen's order (triton_welford.py)
 
 
 def helper_source(names: set[str]) -> str:

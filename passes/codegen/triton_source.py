@@ -29,6 +29,7 @@ import torch.fx
 from pipeline.fused import CONSTANTS, REDUCTIONS, constant_value, end_padding, meta_of, packet_name
 from pipeline.loops import LoopNest, closure
 
+from .triton_welford import WARPS, emit_statistics, find_variances
 from .triton_ops import (BIG, FLOAT_CT, SIGNATURE_TYPES, accumulator_init, accumulator_update, cast,
                          compute_type, helper_source, literal, load_cast, pointwise_expr, reduce_tile, round_to,
                          store_cast, work_type)
@@ -88,6 +89,8 @@ def choose_blocks(nest: LoopNest) -> Blocks:
     outer = math.prod(sizes[a] for a in nest.outer_axes)
     red = math.prod(sizes[a] for a in nest.reduced)
     rp = next_pow2(red)
+    if aten_statistics(nest, rp):     # one row per program, ATen's 4 warps (triton_welford.py)
+        return Blocks(True, 1, rp, outer, WARPS)
     if reduces_contiguous_axis(nest):
         if rp <= PERSISTENT_MAX:
             persistent, rblock = True, rp
@@ -103,6 +106,14 @@ def choose_blocks(nest: LoopNest) -> Blocks:
     per_warp = LOOPED_WARP_ELEMENTS if not persistent and xblock == 1 else WARP_ELEMENTS
     warps = max(2, min(16, next_pow2(xblock * rblock // per_warp)))
     return Blocks(persistent, xblock, rblock, -(-outer // xblock), warps)
+
+
+def aten_statistics(nest: LoopNest, rblock: int) -> bool:
+    """Whether the nest computes its row variances in ATen's order: asked for, a persistent row
+    (padded length at most PERSISTENT_MAX) and a variance :func:`triton_welford.find_variances`
+    accepts."""
+    return (nest.aten_statistics and rblock <= PERSISTENT_MAX and reduces_contiguous_axis(nest)
+            and bool(find_variances(nest)))
 
 
 def nest_is_reduction(nest: LoopNest) -> bool:
@@ -163,6 +174,9 @@ class TritonWriter:
         self.vmask = self.pmask = None   # i < size (pointwise) / rr < padded extent (reductions) when pitched
         self.row_pair = None             # pointwise over [rows, long rows]: (rows, row length), see write_pointwise
         self.order = self.pointwise_order()
+        b = self.blocks
+        exact = b.persistent and b.xblock == 1 and b.num_warps == WARPS and aten_statistics(nest, b.rblock)
+        self.variances = find_variances(nest) if exact else []
 
     # -- helpers -----------------------------------------------------------------------------
     def emit(self, depth: int, text: str) -> None:
@@ -441,7 +455,15 @@ class TritonWriter:
 
     def persistent_body(self) -> None:
         nest = self.nest
+        replaced: set = set()
+        if self.variances:
+            cuda = meta_of(nest.outputs[0][0]).device.type == "cuda"
+            for variance in self.variances:
+                emit_statistics(self, variance, cuda)
+                replaced |= variance.replaced()
         for node in nest.nodes:
+            if node in replaced:
+                continue
             if packet_name(node.target) in REDUCTIONS:
                 value = self.reduce_source(1, node)
                 self.finish_block(1, node, value)

@@ -1,0 +1,234 @@
+"""Row statistics in ATen's order (``codegen: {eager_norm_statistics: true}``, Triton backend).
+
+``fuse`` writes a ``var_mean`` over a row (layer norm's) as two sums: ``mean = sum(x) / n``, then
+``var = sum((x - mean)**2) / n``. ATen's CUDA layer norm (``vectorized_layer_norm_kernel``) instead
+runs Welford's online update in each of 128 threads over 4-wide vectors (thread t reads vectors
+t, t + 128, ...), combines the threads of a warp with ``shfl.sync.down`` (offsets 16 to 1), then the
+4 warps pairwise (2, then 1). The two orders round differently: in a few outputs in a million the
+last bit of a bf16 layer norm differs, and a deep model such as GPT-2 amplifies that into a 1e-2
+relative difference of its logits. With this option a kernel holding such a pattern computes the
+mean and variance exactly as ATen does, so layer-norm outputs have eager's bits:
+
+- per "thread" t (one column of a [XBLOCK, 128] block): ``delta = v - mean``,
+  ``mean' = fma(delta, 1/k, mean)``, ``m2' = fma(delta, v - mean', m2)`` for its k-th value;
+- the combine of (own, other): ``coef = 1/(n_own + n_oth)``, ``mean = fma(n_oth*coef, mean_oth,
+  n_own*coef * mean_own)``, ``m2 = fma(delta^2 * n_oth, n_own*coef, m2_oth + m2_own)``, which is
+  how nvcc contracts ATen's ``cuWelfordCombine`` (measured on the H200: the other contractions
+  differ in some rows; benchmarks/results/gpu-2026-11-30-s12/scripts/welford_probe.py);
+- ``var = m2 / n`` rounded as IEEE division.
+
+On CUDA the warp tree is real warp shuffles (inline PTX), which needs each column of the
+[1, 128] block in its own thread: such kernels run one row per program with 4 warps. The Triton
+interpreter (CPU tensors) has no inline assembly; there the same tree is written with reshapes.
+Measured on the H200 (benchmarks/results/gpu-2026-11-30-s12.md): fused residual add + layer norm
+gives eager's exact bits (bf16 and fp32, rows of 100, 768, 1000 and 4096); GPT-2 prefill's logits
+end 4.0e-5 from eager's (what the padded LM head alone leaves) instead of 1.05e-2. The cost is
+time: 2.85 ms a prefill instead of 2.55, and 0.053 ms instead of 0.045 for the layer norm + GELU +
+residual row (8192 x 4096 bf16), which is why it is an option. A plain layer norm kernel costs
+9-13 % more (N = 3072 and 4096, scripts/welford_fast.py); GPT-2's rows of 768, which otherwise run
+4 rows per program, pay more. Only persistent row kernels with one reduced axis of a length
+divisible by 4 qualify.
+"""
+from __future__ import annotations
+
+import attrs
+import numpy as np
+import torch
+import torch.fx
+
+from pipeline.fused import REDUCTIONS, meta_of, packet_name
+from pipeline.loops import LoopNest, closure
+
+THREADS = 128         # ATen's layer-norm block: 4 warps of 32
+WARPS = 4
+
+# Triton helpers the statistics block calls (merged into triton_ops.HELPERS).
+WELFORD_HELPERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "pp_welford_combine": ('''
+@triton.jit
+def pp_welford_combine(m_own, s_own, c_own, m_oth, s_oth, c_oth):
+    # ATen's cuWelfordCombine(own, other) as nvcc contracts it (triton_welford.py)
+    delta = m_own - m_oth
+    count = c_oth + c_own
+    coef = tl.div_rn(tl.full(count.shape, 1.0, tl.float32), tl.where(count > 0, count, 1.0))
+    mean = tl.fma(c_oth * coef, m_oth, c_own * coef * m_own)
+    m2 = tl.fma(delta * delta * c_oth, c_own * coef, s_oth + s_own)
+    return tl.where(count > 0, mean, 0.0), tl.where(count > 0, m2, 0.0), count
+''', ()),
+    "pp_shfl_down": ('''
+@triton.jit
+def pp_shfl_down(x, OFFSET: tl.constexpr):
+    # x of the lane OFFSET above in this warp (CUDA's __shfl_down_sync, ATen's WARP_SHFL_DOWN)
+    return tl.inline_asm_elementwise(f"shfl.sync.down.b32 $0, $1, {OFFSET}, 0x1f, 0xffffffff;", "=r,r", [x],
+                                     dtype=tl.float32, is_pure=True, pack=1)
+''', ()),
+    "pp_welford_halve": ('''
+@triton.jit
+def pp_welford_halve(m, s, c, R: tl.constexpr, A: tl.constexpr, H: tl.constexpr):
+    # [R, A * 2 * H] -> [R, A * H]: element (a, h) combines with (a, H + h) of its group a
+    m0, m1 = tl.split(tl.permute(tl.reshape(m, [R, A, 2, H]), (0, 1, 3, 2)))
+    s0, s1 = tl.split(tl.permute(tl.reshape(s, [R, A, 2, H]), (0, 1, 3, 2)))
+    c0, c1 = tl.split(tl.permute(tl.reshape(c, [R, A, 2, H]), (0, 1, 3, 2)))
+    m, s, c = pp_welford_combine(m0, s0, c0, m1, s1, c1)
+    return tl.reshape(m, [R, A * H]), tl.reshape(s, [R, A * H]), tl.reshape(c, [R, A * H])
+''', ("pp_welford_combine",)),
+}
+
+
+@attrs.frozen
+class Variance:
+    """One two-pass variance in a nest: ``mean = total / n``, ``var = sum(squares) / n`` with
+    ``squares = centered * centered`` and ``centered = x - mean``."""
+
+    x: torch.fx.Node
+    total: torch.fx.Node
+    mean: torch.fx.Node
+    centered: torch.fx.Node
+    squares: torch.fx.Node
+    sum_squares: torch.fx.Node
+    var: torch.fx.Node
+    n: int
+
+    def replaced(self) -> set:
+        """Nodes the statistics block stands for (``centered`` only when nothing else reads it)."""
+        nodes = {self.total, self.mean, self.squares, self.sum_squares, self.var}
+        if set(self.centered.users) <= nodes:
+            nodes.add(self.centered)
+        return nodes
+
+
+def _divides_by(node: torch.fx.Node, dividend: torch.fx.Node, n: int) -> bool:
+    return (packet_name(node.target) == "aten.div" and node.args[0] is dividend and len(node.args) == 2
+            and not node.kwargs and isinstance(node.args[1], (int, float)) and node.args[1] == n)
+
+
+def find_variances(nest: LoopNest) -> list[Variance]:
+    """The two-pass variances over the nest's one reduced axis, of fp32 rows whose length is a
+    multiple of 4, whose values need no reduction of the nest to compute."""
+    if len(nest.reduced) != 1 or nest.pitch is not None:
+        return []
+    n = nest.sizes[nest.reduced[0]]
+    if n % 4:
+        return []
+    found = []
+    for total in nest.nodes:
+        if packet_name(total.target) != "aten.sum" or len(total.users) != 1:
+            continue
+        x = total.args[0]
+        if not isinstance(x, torch.fx.Node) or meta_of(x).dtype != torch.float32:
+            continue
+        (mean,) = total.users
+        if not _divides_by(mean, total, n):
+            continue
+        for centered in mean.users:
+            if not (packet_name(centered.target) == "aten.sub" and centered.args[0] is x
+                    and centered.args[1] is mean and not centered.kwargs):
+                continue
+            for squares in centered.users:
+                if not (packet_name(squares.target) == "aten.mul" and squares.args[0] is centered
+                        and squares.args[1] is centered and len(squares.users) == 1):
+                    continue
+                (sum_squares,) = squares.users
+                if packet_name(sum_squares.target) != "aten.sum" or len(sum_squares.users) != 1:
+                    continue
+                (var,) = sum_squares.users
+                if not _divides_by(var, sum_squares, n):
+                    continue
+                if _computable_first(nest, x, total):
+                    found.append(Variance(x, total, mean, centered, squares, sum_squares, var, n))
+    return found
+
+
+def _computable_first(nest: LoopNest, x: torch.fx.Node, total: torch.fx.Node) -> bool:
+    """Whether ``x`` can be computed before anything else in the kernel, at any row index: only
+    loads (walking the reduced axis forwards) and pointwise ops, no index ramp, no value of a
+    reduction (a per-row value)."""
+    nodes = set(nest.nodes)
+    axis = nest.reduced[0]
+    inputs = closure([x], [m for m in nest.nodes if nest.level[m] == "full"]) if x in nodes else []
+    if x in nodes and x not in inputs:
+        return False
+    for node in inputs:
+        if packet_name(node.target) in REDUCTIONS or node in nest.ramps:
+            return False
+        if any(a in nodes and a not in inputs for a in node.all_input_nodes):
+            return False
+    reads = [(a, node) for node in inputs for a in node.all_input_nodes if a.op == "placeholder"]
+    if x.op == "placeholder":
+        reads.append((x, total))
+    return all((a, c) in nest.loads and nest.loads[(a, c)].strides[axis] >= 0 for a, c in reads)
+
+
+def reciprocal(k: int) -> str:
+    """``1/k`` rounded to fp32 as an IEEE division does, as an exact Python literal."""
+    return repr(float(np.float32(1.0) / np.float32(k)))
+
+
+def emit_statistics(writer, variance: Variance, cuda: bool) -> None:
+    """Write the statistics block of ``variance`` into ``writer`` (a TritonWriter of a persistent
+    row kernel with XBLOCK 1 and 4 warps) and bind its mean and var nodes to the results. Written
+    first in the kernel body: it loads the row's values itself, in ATen's thread layout, by
+    computing ``x`` again with the row index ``rr`` set per (chunk, vector lane)."""
+    n, chunks = variance.n, -(-variance.n // (4 * THREADS))
+    emit = writer.emit
+    names = {"mean": f"w{writer.fresh('m')}", "m2": f"w{writer.fresh('s')}", "count": f"w{writer.fresh('n')}"}
+    wm, ws, wn = names["mean"], names["m2"], names["count"]
+    for var in (wm, ws, wn):
+        emit(1, f"{var} = tl.zeros([XBLOCK, {THREADS}], tl.float32)")
+    masked = n % (4 * THREADS) != 0
+    saved_rmask, saved_var, saved_dims = writer.rmask, dict(writer.var), dict(writer.dims)
+    full = [m for m in writer.nest.nodes if writer.nest.level[m] == "full"]
+    needed = closure([variance.x], full)
+    step = 0
+    for chunk in range(chunks):
+        for lane in range(4):
+            step += 1
+            emit(1, f"rr = ({chunk * THREADS} + tl.arange(0, {THREADS})[None, :]) * 4 + {lane}")
+            writer.rmask = "rmask" if masked else None
+            if masked:
+                emit(1, f"rmask = rr < {n}")
+            writer.loads.append({})
+            for node in needed:
+                writer.compute(1, node, "full")
+            value = writer.operand(1, variance.total, "full", set())(variance.x, "tl.float32")
+            writer.loads.pop()
+            delta, new_mean = writer.fresh("wd"), writer.fresh("wa")
+            emit(1, f"{delta} = {value} - {wm}")
+            emit(1, f"{new_mean} = tl.fma({delta}, {reciprocal(step)}, {wm})")
+            new_m2 = f"tl.fma({delta}, {value} - {new_mean}, {ws})"
+            if masked:
+                emit(1, f"{ws} = tl.where(rmask, {new_m2}, {ws})")
+                emit(1, f"{wm} = tl.where(rmask, {new_mean}, {wm})")
+                emit(1, f"{wn} = tl.where(rmask, {wn} + 1.0, {wn})")
+            else:
+                emit(1, f"{ws} = {new_m2}")
+                emit(1, f"{wm} = {new_mean}")
+                emit(1, f"{wn} = {wn} + 1.0")
+    writer.var, writer.dims = saved_var, saved_dims
+    writer.uses.add("pp_welford_combine")
+    if cuda:
+        writer.uses.add("pp_shfl_down")
+        for offset in (16, 8, 4, 2, 1):
+            shuffled = ", ".join(f"pp_shfl_down({v}, {offset})" for v in (wm, ws, wn))
+            emit(1, f"{wm}, {ws}, {wn} = pp_welford_combine({wm}, {ws}, {wn}, {shuffled})")
+        lane0 = f"(tl.arange(0, {THREADS})[None, :] % 32) == 0"
+        for v in (wm, ws, wn):       # the warps' results, in lane 0 of each: one value per warp
+            emit(1, f"{v} = tl.sum(tl.reshape(tl.where({lane0}, {v}, 0.0), [XBLOCK, {WARPS}, 32]), 2)")
+        tree = [(1, WARPS // 2), (1, 1)]
+    else:
+        tree = [(WARPS, h) for h in (16, 8, 4, 2, 1)] + [(1, WARPS // 2), (1, 1)]
+    writer.uses.add("pp_welford_halve")
+    for groups, half in tree:
+        emit(1, f"{wm}, {ws}, {wn} = pp_welford_halve({wm}, {ws}, {wn}, XBLOCK, {groups}, {half})")
+    mean, var = f"v_{variance.mean.name}", f"v_{variance.var.name}"
+    emit(1, f"{mean} = tl.reshape({wm}, [XBLOCK, 1])")
+    emit(1, f"{var} = tl.div_rn(tl.reshape({ws}, [XBLOCK, 1]), tl.full([XBLOCK, 1], {n}.0, tl.float32))")
+    emit(1, "rr = tl.arange(0, RBLOCK)[None, :]")
+    writer.rmask = saved_rmask
+    if saved_rmask:
+        emit(1, f"rmask = rr < {writer.red_total}")
+    writer.var[variance.mean], writer.dims[variance.mean] = mean, frozenset({"x"})
+    writer.var[variance.var], writer.dims[variance.var] = var, frozenset({"x"})
+
+
+__all__ = ["THREADS", "WARPS", "WELFORD_HELPERS", "Variance", "emit_statistics", "find_variances", "reciprocal"]
