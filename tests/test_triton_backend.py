@@ -201,6 +201,26 @@ def test_eager_norm_statistics_run_atens_welford_tree_one_row_per_program(n):
     assert kernel.generated.constexprs["XBLOCK"] == 1 and kernel.generated.num_warps == 4
 
 
+def test_eager_norm_statistics_for_cuda_use_warp_shuffles_that_compile_for_sm90(monkeypatch):
+    """For CUDA tensors the warp tree is shfl.sync.down (inline PTX, which the interpreter lacks):
+    that variant of the kernel compiles for the H200, and autotuning tries only its launch shape."""
+    from passes.codegen import triton_source
+    from passes.codegen.triton_autotune import candidate_blocks
+    from passes.codegen.triton_runtime import compile_all_for_sm90
+    from pipeline.loops import analyze
+    compile_with_plan(layer_norm, EXACT_STATISTICS)(torch.randn(6, 768), torch.randn(768), torch.randn(768))
+    (kernel,), _ = kernels_of(LAST["graph"])
+    nest = analyze(kernel.group)
+    nest.aten_statistics = True
+    emit = triton_source.emit_statistics
+    monkeypatch.setattr(triton_source, "emit_statistics", lambda writer, variance, cuda: emit(writer, variance, True))
+    source = triton_source.kernel_source(nest, "triton_welford_cuda")
+    assert source.source.count("pp_shfl_down(") == 1 + 3 * 5 and source.num_warps == 4
+    assert [(b.xblock, b.num_warps) for b in candidate_blocks(nest)] == [(1, 4)]
+    (result,) = compile_all_for_sm90([source])
+    assert "error" not in result, result
+
+
 def test_without_eager_norm_statistics_a_variance_is_two_sums():
     run_plan(layer_norm, torch.randn(6, 100), torch.randn(100), torch.randn(100))
     (kernel,), _ = kernels_of(LAST["graph"])
