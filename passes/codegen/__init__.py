@@ -170,7 +170,7 @@ class Codegen(Pass):
 
     name = "codegen"
     Options = CodegenOptions
-    version = "14"
+    version = "15"
     requires = frozenset({"fused"})
     provides = frozenset({"codegen"})
 

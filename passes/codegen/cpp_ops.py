@@ -190,5 +190,5 @@ def pointwise_expr(node: torch.fx.Node, operand: Callable[[Any, str], str], emul
         if kw.get("approximate", args[1] if len(args) > 1 else "none") == "tanh":
             return (f"(({ct})0.5 * {x} * (({ct})1 + pp_tanh(({ct})0.7978845608028654 * "
                     f"({x} + ({ct})0.044715 * {x} * {x} * {x}))))")
-        return f"(({ct})0.5 * {x} * (({ct})1 + pp_erf({x} * ({ct})0.7071067811865476)))"
+        return f"(({ct})0.5 * {x} * (({ct})1 + pp_gelu_erf({x} * ({ct})0.7071067811865476)))"
     raise NotImplementedError(f"no C++ for {name}")

@@ -60,7 +60,8 @@ template <typename T> static inline T pp_select(bool c, T a, T b) {
 // to vector code in registers, about 1.2x faster than libmvec's expf on the 2-core AVX2 CI machines
 // (and 1.7x faster than eager's exp there). Measured by tests/test_cpp_math.py over a dense sample
 // of all floats: within 1 ulp; NaN, infinities, overflow to inf and gradual underflow as in libm.
-// (erf stays libmvec's: a written-out erf evaluating both of its branches was slower.)
+// (erf stays libmvec's: a written-out erf evaluating both of its branches was slower; GELU's
+// erf is pp_gelu_erf below.)
 static inline float pp_exp_reduced(float r) {          // exp(r) for |r| <= ln(2)/2 (fitted, rel. 3e-9)
   float q = std::fma(0.00138146116f, r, 0.00836871006f);
   q = std::fma(q, r, 0.041668389f); q = std::fma(q, r, 0.166665211f); q = std::fma(q, r, 0.49999994f);
@@ -89,6 +90,17 @@ static inline float pp_exp2(float x) {
 }
 static inline double pp_exp(double x) { return std::exp(x); }
 static inline double pp_exp2(double x) { return std::exp2(x); }
+// erf for GELU's 0.5 * x * (1 + erf(x / sqrt 2)), as ATen's vectorized CPU erf computes it
+// (Abramowitz and Stegun 7.1.26: 1 - t * poly(t) * exp(-x*x), t = 1 / (1 + 0.3275911 |x|), absolute
+// error 1.5e-7): one division and one pp_exp, 15 % faster than libmvec's erff under GELU on the
+// 2-core AVX-512 CI machine. Only GELU uses it: near 0 its relative error is large, which 1 + erf hides.
+static inline float pp_gelu_erf(float x) {
+  const float t = 1.0f / std::fma(0.3275911f, std::fabs(x), 1.0f);
+  float r = std::fma(1.061405429f, t, -1.453152027f);
+  r = std::fma(r, t, 1.421413741f); r = std::fma(r, t, -0.284496736f); r = std::fma(r, t, 0.254829592f);
+  return std::copysign(std::fma(-(pp_exp(-(x * x)) * t), r, 1.0f), x);
+}
+static inline double pp_gelu_erf(double x) { return std::erf(x); }
 
 static inline float bf16_to_f(uint16_t v) {
   uint32_t u = static_cast<uint32_t>(v) << 16; float f; std::memcpy(&f, &u, 4); return f;
