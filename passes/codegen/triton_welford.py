@@ -171,8 +171,7 @@ def emit_statistics(writer, variance: Variance, cuda: bool) -> None:
     computing ``x`` again with the row index ``rr`` set per (chunk, vector lane)."""
     n, chunks = variance.n, -(-variance.n // (4 * THREADS))
     emit = writer.emit
-    names = {"mean": f"w{writer.fresh('m')}", "m2": f"w{writer.fresh('s')}", "count": f"w{writer.fresh('n')}"}
-    wm, ws, wn = names["mean"], names["m2"], names["count"]
+    wm, ws, wn = f"w{writer.fresh('m')}", f"w{writer.fresh('s')}", f"w{writer.fresh('n')}"   # mean, m2, count
     for var in (wm, ws, wn):
         emit(1, f"{var} = tl.zeros([XBLOCK, {THREADS}], tl.float32)")
     masked = n % (4 * THREADS) != 0
