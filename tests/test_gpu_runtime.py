@@ -189,8 +189,8 @@ def residual_layer_norm(x, r, w, b):
 @pytest.mark.parametrize("n", [100, 768, 1000, 4096])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_eager_norm_statistics_give_eager_layer_norm_bits(n, dtype):
-    """codegen.eager_norm_statistics: the statistics in ATen's Welford order, the warp tree as
-    warp shuffles, so the fused residual add + layer norm gives eager's exact values."""
+    """codegen.eager_norm_statistics: the statistics in ATen's Welford order, the threads combined
+    as ATen's shuffle tree does, so the fused residual add + layer norm gives eager's exact values."""
     torch._dynamo.reset()
     plan = {"extends": "default", "options": {"codegen": {"eager_norm_statistics": True}}}
     compiled = compile_with_plan(residual_layer_norm, plan)
@@ -200,4 +200,23 @@ def test_eager_norm_statistics_give_eager_layer_norm_bits(n, dtype):
     with torch.no_grad():
         got, expected = compiled(x, r, w, b), residual_layer_norm(x, r, w, b)
     assert torch.equal(got[0], expected[0])
+    assert torch.equal(got[1], expected[1]), f"{int((got[1] != expected[1]).sum())} values differ"
+
+
+@pytest.mark.parametrize("n", [768, 4096])
+@pytest.mark.parametrize("warps,tile", [(4, 1024), (4, 4096), (8, 4096), (16, 4096), (4, 8192), (8, 16384)])
+def test_eager_norm_statistics_give_eager_bits_at_every_launch_shape(n, warps, tile, monkeypatch):
+    """The same bits with 1 to 16 rows per program and 4, 8 or 16 warps (autotuning's shapes and
+    more): the Welford states stay one column per thread."""
+    from passes.codegen import triton_source
+    torch._dynamo.reset()
+    monkeypatch.setattr(triton_source, "TILE_ELEMENTS", tile)
+    monkeypatch.setattr(triton_source, "WARP_ELEMENTS", max(1, tile // warps))
+    plan = {"extends": "default", "options": {"codegen": {"eager_norm_statistics": True}}}
+    compiled = compile_with_plan(residual_layer_norm, plan)
+    x = (torch.randn(1030, n, device="cuda") * 0.05 + torch.randn(1030, 1, device="cuda") * 0.01).bfloat16()
+    r = (torch.randn(1030, n, device="cuda") * 0.05).bfloat16()
+    w, b = torch.randn(n, device="cuda").bfloat16(), torch.randn(n, device="cuda").bfloat16()
+    with torch.no_grad():
+        got, expected = compiled(x, r, w, b), residual_layer_norm(x, r, w, b)
     assert torch.equal(got[1], expected[1]), f"{int((got[1] != expected[1]).sum())} values differ"

@@ -188,37 +188,59 @@ EXACT_STATISTICS = {"extends": "cpu-inference",
 
 
 @pytest.mark.parametrize("n", [64, 100, 1000])
-def test_eager_norm_statistics_run_atens_welford_tree_one_row_per_program(n):
-    """codegen.eager_norm_statistics: the variance is Welford's in ATen's thread layout (the tree
-    written with reshapes here; warp shuffles on CUDA, checked bit for bit in test_gpu_runtime)."""
+def test_eager_norm_statistics_reduce_per_thread_welford_states_with_atens_combine(n):
+    """codegen.eager_norm_statistics: the variance is Welford's in ATen's thread layout, one state
+    per thread column of a [128, XBLOCK] block, combined by a reduction over the threads (Triton
+    combines lanes, then warps, pairwise as ATen's shuffle tree does; bits checked on the GPU in
+    test_gpu_runtime)."""
     x, w, b = torch.randn(6, n) * 3 + 1, torch.randn(n), torch.randn(n)
     compiled = compile_with_plan(layer_norm, EXACT_STATISTICS)
     with torch.no_grad():
         problem = compare(layer_norm(x, w, b), compiled(x, w, b))
     assert problem is None, problem
     (kernel,), _ = kernels_of(LAST["graph"])
-    assert "pp_welford_halve(" in kernel.source and "tl.sum(" not in kernel.source.split("def triton_")[1]
-    assert kernel.generated.constexprs["XBLOCK"] == 1 and kernel.generated.num_warps == 4
+    body = kernel.source.split("def triton_")[1]
+    assert "tl.zeros([128, XBLOCK], tl.float32)" in body and "tl.sum(" not in body
+    assert "tl.reduce((" in body and ", 0, pp_welford_combine)" in body
+    assert kernel.generated.num_warps >= 4
 
 
-def test_eager_norm_statistics_for_cuda_use_warp_shuffles_that_compile_for_sm90(monkeypatch):
-    """For CUDA tensors the warp tree is shfl.sync.down (inline PTX, which the interpreter lacks):
-    that variant of the kernel compiles for the H200, and autotuning tries only its launch shape."""
+def _state_layouts(ttgir: str) -> set[str]:
+    """The layouts of the operands of the kernel's reductions (the Welford states), as Triton's
+    TTGIR spells them."""
+    lines = ttgir.splitlines()
+    layouts = dict(line.split(" = ", 1) for line in lines if line.startswith("#blocked"))
+    found = set()
+    for k, line in enumerate(lines):
+        if '"tt.reduce"' in line:
+            closing = next(other for other in lines[k:] if other.strip().startswith("}) :"))
+            operands = closing.split("->")[0]
+            found |= {layouts[part.split(", ")[1].split(">")[0]] for part in operands.split("tensor<")[1:]}
+    return found
+
+
+@pytest.mark.parametrize("n,warps", [(768, 4), (768, 8), (768, 16), (4096, 4), (4096, 8)])
+def test_eager_norm_statistics_states_are_one_column_per_thread_in_the_sm90_kernel(n, warps, monkeypatch):
+    """What makes the reduction ATen's tree: in the kernel Triton builds for the H200, each
+    thread holds one column of the states (32 lanes by at least 4 warps along the columns, no
+    column pair in one thread), for every warp count autotuning tries."""
     from passes.codegen import triton_source
     from passes.codegen.triton_autotune import candidate_blocks
     from passes.codegen.triton_runtime import compile_all_for_sm90
     from pipeline.loops import analyze
-    compile_with_plan(layer_norm, EXACT_STATISTICS)(torch.randn(6, 768), torch.randn(768), torch.randn(768))
+    compile_with_plan(layer_norm, EXACT_STATISTICS)(torch.randn(64, n), torch.randn(n), torch.randn(n))
     (kernel,), _ = kernels_of(LAST["graph"])
     nest = analyze(kernel.group)
     nest.aten_statistics = True
-    emit = triton_source.emit_statistics
-    monkeypatch.setattr(triton_source, "emit_statistics", lambda writer, variance, cuda: emit(writer, variance, True))
-    source = triton_source.kernel_source(nest, "triton_welford_cuda")
-    assert source.source.count("pp_shfl_down(") == 1 + 3 * 5 and source.num_warps == 4
-    assert [(b.xblock, b.num_warps) for b in candidate_blocks(nest)] == [(1, 4)]
-    (result,) = compile_all_for_sm90([source])
+    assert all(b.num_warps >= 4 for b in candidate_blocks(nest))
+    monkeypatch.setattr(triton_source, "WARP_ELEMENTS", 4 * 1024 // warps)
+    source = triton_source.kernel_source(nest, "triton_welford_layout")
+    assert source.num_warps == warps and "pp_welford_combine" in source.source
+    (result,) = compile_all_for_sm90([source], ttgir=True)
     assert "error" not in result, result
+    (layout,) = _state_layouts(result["ttgir"])
+    assert "sizePerThread = [1, 1], threadsPerWarp = [32, 1]" in layout, layout
+    assert "warpsPerCTA = [4, " in layout or f"warpsPerCTA = [{warps}, 1]" in layout, layout
 
 
 def test_without_eager_norm_statistics_a_variance_is_two_sums():

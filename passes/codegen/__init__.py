@@ -170,7 +170,7 @@ class Codegen(Pass):
 
     name = "codegen"
     Options = CodegenOptions
-    version = "15"
+    version = "16"
     requires = frozenset({"fused"})
     provides = frozenset({"codegen"})
 

@@ -26,7 +26,7 @@ import torch
 
 from pipeline.loops import LoopNest
 
-from .triton_source import (Blocks, TritonSource, aten_statistics, choose_blocks, kernel_source, nest_is_reduction,
+from .triton_source import (Blocks, TritonSource, choose_blocks, kernel_source, nest_is_reduction,
                             next_pow2)
 
 
@@ -136,8 +136,6 @@ def candidate_blocks(nest: LoopNest) -> list[Blocks]:
     four elements per thread)."""
     base = choose_blocks(nest)
     found = [base]
-    if nest.aten_statistics and aten_statistics(nest, base.rblock):
-        return found            # ATen's order needs one row per program and 4 warps
 
     def add(blocks: Blocks) -> None:
         if blocks not in found:

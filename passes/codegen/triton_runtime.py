@@ -464,10 +464,10 @@ def _other_launch_shapes(nest: Any, generated: TritonSource, emulate_precision: 
     return make
 
 
-def _compile_paths(paths: list, arch: int) -> list:
+def _compile_paths(paths: list, arch: int, ttgir: bool = False) -> list:
     """Compile generated module files for ``cuda`` sm_<arch> with Triton's compiler; one result
-    dict per file (sizes, or ``error``). Self-contained (stdlib and triton only): it also runs as
-    a script in a fresh process, see :func:`compile_all_for_sm90`."""
+    dict per file (sizes, or ``error``; the TritonGPU IR too with ``ttgir``). Self-contained
+    (stdlib and triton only): it also runs as a script in a fresh process, see :func:`compile_all_for_sm90`."""
     import importlib.util
     import triton
     from triton.backends.compiler import GPUTarget
@@ -499,6 +499,8 @@ def _compile_paths(paths: list, arch: int) -> list:
                             "maxnreg": int(cap[0]) if cap else None,
                             "cubin_bytes": len(compiled.asm["cubin"]),
                             "num_warps": compiled.metadata.num_warps, "shared": compiled.metadata.shared})
+            if ttgir:
+                results[-1]["ttgir"] = compiled.asm["ttgir"]
         except Exception as exc:  # noqa: BLE001 - Triton raises many types; report them per kernel
             results.append({"name": name, "path": path, "error": f"{type(exc).__name__}: {exc}"})
     return results
@@ -533,8 +535,9 @@ def _path_of(subject: Any) -> str:
     return str(write_source(subject)[0])
 
 
-def compile_all_for_sm90(subjects: list, *, arch: int = 90) -> list[dict]:
-    """:func:`compile_for_sm90` for many kernels at once. Runs in this process when Triton can
+def compile_all_for_sm90(subjects: list, *, arch: int = 90, ttgir: bool = False) -> list[dict]:
+    """:func:`compile_for_sm90` for many kernels at once (with ``ttgir``, each result also holds
+    the kernel's TritonGPU IR, where Triton's layouts can be read). Runs in this process when Triton can
     compile here, else in one fresh Python process without ``TRITON_INTERPRET`` (a process that
     interpreted kernels cannot compile them). Raises :class:`TritonCompileError` naming every
     kernel that failed."""
@@ -543,14 +546,14 @@ def compile_all_for_sm90(subjects: list, *, arch: int = 90) -> list[dict]:
 
     paths = [_path_of(s) for s in subjects]
     if _compiles_in_process():
-        results = _compile_paths(paths, arch)
+        results = _compile_paths(paths, arch, ttgir)
     else:
         import inspect
         script = (inspect.getsource(_compile_paths) + "\nimport json, sys\n"
-                  "print(json.dumps(_compile_paths(sys.argv[2:], int(sys.argv[1]))))\n")
+                  "print(json.dumps(_compile_paths(sys.argv[3:], int(sys.argv[1]), sys.argv[2] == '1')))\n")
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        done = subprocess.run([sys.executable, "-c", script, str(arch), *paths], capture_output=True,
-                              text=True, env=env)
+        done = subprocess.run([sys.executable, "-c", script, str(arch), "1" if ttgir else "0", *paths],
+                              capture_output=True, text=True, env=env)
         if done.returncode != 0:
             raise TritonCompileError(f"the sm_{arch} compile process failed:\n{done.stderr[-4000:]}")
         results = json.loads(done.stdout.strip().splitlines()[-1])

@@ -89,8 +89,6 @@ def choose_blocks(nest: LoopNest) -> Blocks:
     outer = math.prod(sizes[a] for a in nest.outer_axes)
     red = math.prod(sizes[a] for a in nest.reduced)
     rp = next_pow2(red)
-    if aten_statistics(nest, rp):     # one row per program, ATen's 4 warps (triton_welford.py)
-        return Blocks(True, 1, rp, outer, WARPS)
     if reduces_contiguous_axis(nest):
         if rp <= PERSISTENT_MAX:
             persistent, rblock = True, rp
@@ -105,6 +103,8 @@ def choose_blocks(nest: LoopNest) -> Blocks:
         rblock = rp if persistent else max(1, TILE_ELEMENTS // xblock)
     per_warp = LOOPED_WARP_ELEMENTS if not persistent and xblock == 1 else WARP_ELEMENTS
     warps = max(2, min(16, next_pow2(xblock * rblock // per_warp)))
+    if aten_statistics(nest, rblock):   # one thread per column of ATen's 4-warp block (triton_welford.py)
+        warps = max(warps, WARPS)
     return Blocks(persistent, xblock, rblock, -(-outer // xblock), warps)
 
 
@@ -175,7 +175,7 @@ class TritonWriter:
         self.row_pair = None             # pointwise over [rows, long rows]: (rows, row length), see write_pointwise
         self.order = self.pointwise_order()
         b = self.blocks
-        exact = b.persistent and b.xblock == 1 and b.num_warps == WARPS and aten_statistics(nest, b.rblock)
+        exact = b.persistent and b.num_warps >= WARPS and aten_statistics(nest, b.rblock)
         self.variances = find_variances(nest) if exact else []
 
     # -- helpers -----------------------------------------------------------------------------
@@ -456,11 +456,9 @@ class TritonWriter:
     def persistent_body(self) -> None:
         nest = self.nest
         replaced: set = set()
-        if self.variances:
-            cuda = meta_of(nest.outputs[0][0]).device.type == "cuda"
-            for variance in self.variances:
-                emit_statistics(self, variance, cuda)
-                replaced |= variance.replaced()
+        for variance in self.variances:
+            emit_statistics(self, variance)
+            replaced |= variance.replaced()
         for node in nest.nodes:
             if node in replaced:
                 continue

@@ -31,6 +31,8 @@ divisible by 4 qualify.
 """
 from __future__ import annotations
 
+import math
+
 import attrs
 import numpy as np
 import torch
@@ -55,23 +57,6 @@ def pp_welford_combine(m_own, s_own, c_own, m_oth, s_oth, c_oth):
     m2 = tl.fma(delta * delta * c_oth, c_own * coef, s_oth + s_own)
     return tl.where(count > 0, mean, 0.0), tl.where(count > 0, m2, 0.0), count
 ''', ()),
-    "pp_shfl_down": ('''
-@triton.jit
-def pp_shfl_down(x, OFFSET: tl.constexpr):
-    # x of the lane OFFSET above in this warp (CUDA's __shfl_down_sync, ATen's WARP_SHFL_DOWN)
-    return tl.inline_asm_elementwise(f"shfl.sync.down.b32 $0, $1, {OFFSET}, 0x1f, 0xffffffff;", "=r,r", [x],
-                                     dtype=tl.float32, is_pure=True, pack=1)
-''', ()),
-    "pp_welford_halve": ('''
-@triton.jit
-def pp_welford_halve(m, s, c, R: tl.constexpr, A: tl.constexpr, H: tl.constexpr):
-    # [R, A * 2 * H] -> [R, A * H]: element (a, h) combines with (a, H + h) of its group a
-    m0, m1 = tl.split(tl.permute(tl.reshape(m, [R, A, 2, H]), (0, 1, 3, 2)))
-    s0, s1 = tl.split(tl.permute(tl.reshape(s, [R, A, 2, H]), (0, 1, 3, 2)))
-    c0, c1 = tl.split(tl.permute(tl.reshape(c, [R, A, 2, H]), (0, 1, 3, 2)))
-    m, s, c = pp_welford_combine(m0, s0, c0, m1, s1, c1)
-    return tl.reshape(m, [R, A * H]), tl.reshape(s, [R, A * H]), tl.reshape(c, [R, A * H])
-''', ("pp_welford_combine",)),
 }
 
 
@@ -164,25 +149,40 @@ def reciprocal(k: int) -> str:
     return repr(float(np.float32(1.0) / np.float32(k)))
 
 
-def emit_statistics(writer, variance: Variance, cuda: bool) -> None:
+def emit_statistics(writer, variance: Variance) -> None:
     """Write the statistics block of ``variance`` into ``writer`` (a TritonWriter of a persistent
-    row kernel with XBLOCK 1 and 4 warps) and bind its mean and var nodes to the results. Written
-    first in the kernel body: it loads the row's values itself, in ATen's thread layout, by
-    computing ``x`` again with the row index ``rr`` set per (chunk, vector lane)."""
+    row kernel with at least 4 warps) and bind its mean and var nodes to the results. Written
+    first in the kernel body: it loads the rows' values itself, in ATen's thread layout, by
+    computing ``x`` again with the column index ``rr`` set per (chunk, vector lane).
+
+    The block works on [128, XBLOCK] tensors, threads' columns first: Triton lays such a tensor
+    out one column per thread (32 lanes by 4 warps, the rows in registers), which the reduction
+    needs to combine the threads in ATen's order. [XBLOCK, 128] blocks got rows interleaved with
+    columns in a warp (sm_90 TTGIR, triton 3.6) and gave other bits."""
     n, chunks = variance.n, -(-variance.n // (4 * THREADS))
-    emit = writer.emit
+    emit, nest = writer.emit, writer.nest
+    pid = "tl.program_id(0).to(tl.int64)" if writer.int64 else "tl.program_id(0)"
+    outer_total = math.prod(nest.sizes[a] for a in nest.outer_axes)
     wm, ws, wn = f"w{writer.fresh('m')}", f"w{writer.fresh('s')}", f"w{writer.fresh('n')}"   # mean, m2, count
+
+    def index_rows(along: str) -> None:
+        emit(1, f"xo = {pid} * XBLOCK + tl.arange(0, XBLOCK){along}")
+        if writer.xmask:
+            emit(1, f"xmask = xo < {outer_total}")
+
+    index_rows("[None, :]")      # the outer axes' indices, computed below once the loads name them
+    mark = len(writer.lines)
     for var in (wm, ws, wn):
-        emit(1, f"{var} = tl.zeros([XBLOCK, {THREADS}], tl.float32)")
+        emit(1, f"{var} = tl.zeros([{THREADS}, XBLOCK], tl.float32)")
     masked = n % (4 * THREADS) != 0
     saved_rmask, saved_var, saved_dims = writer.rmask, dict(writer.var), dict(writer.dims)
-    full = [m for m in writer.nest.nodes if writer.nest.level[m] == "full"]
+    full = [m for m in nest.nodes if nest.level[m] == "full"]
     needed = closure([variance.x], full)
     step = 0
     for chunk in range(chunks):
         for lane in range(4):
             step += 1
-            emit(1, f"rr = ({chunk * THREADS} + tl.arange(0, {THREADS})[None, :]) * 4 + {lane}")
+            emit(1, f"rr = ({chunk * THREADS} + tl.arange(0, {THREADS})[:, None]) * 4 + {lane}")
             writer.rmask = "rmask" if masked else None
             if masked:
                 emit(1, f"rmask = rr < {n}")
@@ -203,25 +203,15 @@ def emit_statistics(writer, variance: Variance, cuda: bool) -> None:
                 emit(1, f"{ws} = {new_m2}")
                 emit(1, f"{wm} = {new_mean}")
                 emit(1, f"{wn} = {wn} + 1.0")
+    writer.lines[mark:mark] = writer.decompose(1, "xo", nest.outer_axes)   # axes the loads above index
     writer.var, writer.dims = saved_var, saved_dims
     writer.uses.add("pp_welford_combine")
-    if cuda:
-        writer.uses.add("pp_shfl_down")
-        for offset in (16, 8, 4, 2, 1):
-            shuffled = ", ".join(f"pp_shfl_down({v}, {offset})" for v in (wm, ws, wn))
-            emit(1, f"{wm}, {ws}, {wn} = pp_welford_combine({wm}, {ws}, {wn}, {shuffled})")
-        lane0 = f"(tl.arange(0, {THREADS})[None, :] % 32) == 0"
-        for v in (wm, ws, wn):       # the warps' results, in lane 0 of each: one value per warp
-            emit(1, f"{v} = tl.sum(tl.reshape(tl.where({lane0}, {v}, 0.0), [XBLOCK, {WARPS}, 32]), 2)")
-        tree = [(1, WARPS // 2), (1, 1)]
-    else:
-        tree = [(WARPS, h) for h in (16, 8, 4, 2, 1)] + [(1, WARPS // 2), (1, 1)]
-    writer.uses.add("pp_welford_halve")
-    for groups, half in tree:
-        emit(1, f"{wm}, {ws}, {wn} = pp_welford_halve({wm}, {ws}, {wn}, XBLOCK, {groups}, {half})")
+    emit(1, f"{wm}, {ws}, {wn} = tl.reduce(({wm}, {ws}, {wn}), 0, pp_welford_combine)")
     mean, var = f"v_{variance.mean.name}", f"v_{variance.var.name}"
-    emit(1, f"{mean} = tl.reshape({wm}, [XBLOCK, 1])")
-    emit(1, f"{var} = tl.div_rn(tl.reshape({ws}, [XBLOCK, 1]), tl.full([XBLOCK, 1], {n}.0, tl.float32))")
+    emit(1, f"{mean} = {wm}[:, None]")
+    emit(1, f"{var} = tl.div_rn({ws}[:, None], tl.full([XBLOCK, 1], {n}.0, tl.float32))")
+    index_rows("[:, None]")
+    writer.lines.extend(writer.decompose(1, "xo", nest.outer_axes))
     emit(1, "rr = tl.arange(0, RBLOCK)[None, :]")
     writer.rmask = saved_rmask
     if saved_rmask:
