@@ -456,8 +456,9 @@ class TritonWriter:
     def persistent_body(self) -> None:
         nest = self.nest
         replaced: set = set()
+        cuda = bool(self.variances) and meta_of(nest.outputs[0][0]).device.type == "cuda"
         for variance in self.variances:
-            emit_statistics(self, variance)
+            emit_statistics(self, variance, cuda)
             replaced |= variance.replaced()
         for node in nest.nodes:
             if node in replaced:

@@ -57,6 +57,16 @@ def pp_welford_combine(m_own, s_own, c_own, m_oth, s_oth, c_oth):
     m2 = tl.fma(delta * delta * c_oth, c_own * coef, s_oth + s_own)
     return tl.where(count > 0, mean, 0.0), tl.where(count > 0, m2, 0.0), count
 ''', ()),
+    "pp_welford_halve": ('''
+@triton.jit
+def pp_welford_halve(m, s, c, A: tl.constexpr, H: tl.constexpr, X: tl.constexpr):
+    # [A * 2 * H, X] -> [A * H, X]: row (a, h) combines with row (a, H + h) of its group a
+    m0, m1 = tl.split(tl.permute(tl.reshape(m, [A, 2, H, X]), (0, 2, 3, 1)))
+    s0, s1 = tl.split(tl.permute(tl.reshape(s, [A, 2, H, X]), (0, 2, 3, 1)))
+    c0, c1 = tl.split(tl.permute(tl.reshape(c, [A, 2, H, X]), (0, 2, 3, 1)))
+    m, s, c = pp_welford_combine(m0, s0, c0, m1, s1, c1)
+    return tl.reshape(m, [A * H, X]), tl.reshape(s, [A * H, X]), tl.reshape(c, [A * H, X])
+''', ("pp_welford_combine",)),
 }
 
 
@@ -149,7 +159,7 @@ def reciprocal(k: int) -> str:
     return repr(float(np.float32(1.0) / np.float32(k)))
 
 
-def emit_statistics(writer, variance: Variance) -> None:
+def emit_statistics(writer, variance: Variance, cuda: bool) -> None:
     """Write the statistics block of ``variance`` into ``writer`` (a TritonWriter of a persistent
     row kernel with at least 4 warps) and bind its mean and var nodes to the results. Written
     first in the kernel body: it loads the rows' values itself, in ATen's thread layout, by
@@ -170,7 +180,7 @@ def emit_statistics(writer, variance: Variance) -> None:
         if writer.xmask:
             emit(1, f"xmask = xo < {outer_total}")
 
-    index_rows("[None, :]")      # the outer axes' indices, computed below once the loads name them
+    index_rows("[None, :, None]")      # the outer axes' indices, computed below once the loads name them
     mark = len(writer.lines)
     for var in (wm, ws, wn):
         emit(1, f"{var} = tl.zeros([{THREADS}, XBLOCK], tl.float32)")
@@ -178,27 +188,35 @@ def emit_statistics(writer, variance: Variance) -> None:
     saved_rmask, saved_var, saved_dims = writer.rmask, dict(writer.var), dict(writer.dims)
     full = [m for m in nest.nodes if nest.level[m] == "full"]
     needed = closure([variance.x], full)
-    step = 0
+    vectors, lanes = writer.fresh("wv"), [writer.fresh(f"wl{lane}_") for lane in range(4)]
     for chunk in range(chunks):
+        emit(1, f"rr = ({chunk * THREADS} + tl.arange(0, {THREADS}))[:, None, None] * 4 "
+                f"+ tl.arange(0, 4)[None, None, :]")
+        writer.rmask = "rmask" if masked else None
+        if masked:
+            emit(1, f"rmask = rr < {n}")
+            emit(1, f"vmask = ({chunk * THREADS} + tl.arange(0, {THREADS}))[:, None] < {n // 4}")
+        writer.loads.append({})
+        for node in needed:
+            writer.compute(1, node, "full")
+        value = writer.operand(1, variance.total, "full", set())(variance.x, "tl.float32")
+        writer.loads.pop()
+        # each thread's 4-wide vector, one [128, XBLOCK] tensor per vector lane
+        emit(1, f"{vectors} = tl.reshape({value} + tl.zeros([{THREADS}, XBLOCK, 4], tl.float32), "
+                f"[{THREADS}, XBLOCK, 2, 2])")
+        emit(1, f"{lanes[0]}, {lanes[2]} = tl.split(tl.split({vectors})[0])")
+        emit(1, f"{lanes[1]}, {lanes[3]} = tl.split(tl.split({vectors})[1])")
         for lane in range(4):
-            step += 1
-            emit(1, f"rr = ({chunk * THREADS} + tl.arange(0, {THREADS})[:, None]) * 4 + {lane}")
-            writer.rmask = "rmask" if masked else None
-            if masked:
-                emit(1, f"rmask = rr < {n}")
-            writer.loads.append({})
-            for node in needed:
-                writer.compute(1, node, "full")
-            value = writer.operand(1, variance.total, "full", set())(variance.x, "tl.float32")
-            writer.loads.pop()
+            step = 4 * chunk + lane + 1
+            v = lanes[lane]
             delta, new_mean = writer.fresh("wd"), writer.fresh("wa")
-            emit(1, f"{delta} = {value} - {wm}")
+            emit(1, f"{delta} = {v} - {wm}")
             emit(1, f"{new_mean} = tl.fma({delta}, {reciprocal(step)}, {wm})")
-            new_m2 = f"tl.fma({delta}, {value} - {new_mean}, {ws})"
+            new_m2 = f"tl.fma({delta}, {v} - {new_mean}, {ws})"
             if masked:
-                emit(1, f"{ws} = tl.where(rmask, {new_m2}, {ws})")
-                emit(1, f"{wm} = tl.where(rmask, {new_mean}, {wm})")
-                emit(1, f"{wn} = tl.where(rmask, {wn} + 1.0, {wn})")
+                emit(1, f"{ws} = tl.where(vmask, {new_m2}, {ws})")
+                emit(1, f"{wm} = tl.where(vmask, {new_mean}, {wm})")
+                emit(1, f"{wn} = tl.where(vmask, {wn} + 1.0, {wn})")
             else:
                 emit(1, f"{ws} = {new_m2}")
                 emit(1, f"{wm} = {new_mean}")
@@ -206,7 +224,14 @@ def emit_statistics(writer, variance: Variance) -> None:
     writer.lines[mark:mark] = writer.decompose(1, "xo", nest.outer_axes)   # axes the loads above index
     writer.var, writer.dims = saved_var, saved_dims
     writer.uses.add("pp_welford_combine")
-    emit(1, f"{wm}, {ws}, {wn} = tl.reduce(({wm}, {ws}, {wn}), 0, pp_welford_combine)")
+    if cuda:
+        emit(1, f"{wm}, {ws}, {wn} = tl.reduce(({wm}, {ws}, {wn}), 0, pp_welford_combine)")
+    else:     # the interpreter reduces sequentially: the same tree, written out
+        writer.uses.add("pp_welford_halve")
+        for groups, half in [(WARPS, h) for h in (16, 8, 4, 2, 1)] + [(1, WARPS // 2), (1, 1)]:
+            emit(1, f"{wm}, {ws}, {wn} = pp_welford_halve({wm}, {ws}, {wn}, {groups}, {half}, XBLOCK)")
+        for v in (wm, ws, wn):
+            emit(1, f"{v} = tl.reshape({v}, [XBLOCK])")
     mean, var = f"v_{variance.mean.name}", f"v_{variance.var.name}"
     emit(1, f"{mean} = {wm}[:, None]")
     emit(1, f"{var} = tl.div_rn({ws}[:, None], tl.full([XBLOCK, 1], {n}.0, tl.float32))")
