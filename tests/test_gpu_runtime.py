@@ -192,7 +192,7 @@ def test_eager_norm_statistics_give_eager_layer_norm_bits(n, dtype):
     """codegen.eager_norm_statistics: the statistics in ATen's Welford order, the threads combined
     as ATen's shuffle tree does, so the fused residual add + layer norm gives eager's exact values."""
     torch._dynamo.reset()
-    plan = {"extends": "default", "options": {"codegen": {"eager_norm_statistics": True}}}
+    plan = {"extends": "default", "options": {"codegen": {"eager_norm_max_row": 8192}}}
     compiled = compile_with_plan(residual_layer_norm, plan)
     x = (torch.randn(512, n, device="cuda") * 0.05 + torch.randn(512, 1, device="cuda") * 0.01).to(dtype)
     r = (torch.randn(512, n, device="cuda") * 0.05).to(dtype)
@@ -212,11 +212,23 @@ def test_eager_norm_statistics_give_eager_bits_at_every_launch_shape(n, warps, t
     torch._dynamo.reset()
     monkeypatch.setattr(triton_source, "TILE_ELEMENTS", tile)
     monkeypatch.setattr(triton_source, "WARP_ELEMENTS", max(1, tile // warps))
-    plan = {"extends": "default", "options": {"codegen": {"eager_norm_statistics": True}}}
+    plan = {"extends": "default", "options": {"codegen": {"eager_norm_max_row": 8192}}}
     compiled = compile_with_plan(residual_layer_norm, plan)
     x = (torch.randn(1030, n, device="cuda") * 0.05 + torch.randn(1030, 1, device="cuda") * 0.01).bfloat16()
     r = (torch.randn(1030, n, device="cuda") * 0.05).bfloat16()
     w, b = torch.randn(n, device="cuda").bfloat16(), torch.randn(n, device="cuda").bfloat16()
+    with torch.no_grad():
+        got, expected = compiled(x, r, w, b), residual_layer_norm(x, r, w, b)
+    assert torch.equal(got[1], expected[1]), f"{int((got[1] != expected[1]).sum())} values differ"
+
+
+def test_the_default_plan_gives_eager_layer_norm_bits_for_gpt2_rows():
+    """Rows of up to codegen.eager_norm_max_row (1024) elements get ATen's statistics by default."""
+    torch._dynamo.reset()
+    compiled = compile_with_plan(residual_layer_norm, "default")
+    x = (torch.randn(4096, 768, device="cuda") * 0.05).bfloat16()
+    r = (torch.randn(4096, 768, device="cuda") * 0.05).bfloat16()
+    w, b = torch.randn(768, device="cuda").bfloat16(), torch.randn(768, device="cuda").bfloat16()
     with torch.no_grad():
         got, expected = compiled(x, r, w, b), residual_layer_norm(x, r, w, b)
     assert torch.equal(got[1], expected[1]), f"{int((got[1] != expected[1]).sum())} values differ"

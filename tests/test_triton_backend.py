@@ -185,7 +185,7 @@ def test_fp32_rsqrt_is_the_hardware_reciprocal_square_root_as_in_aten():
 
 
 EXACT_STATISTICS = {"extends": "cpu-inference",
-                    "options": {"codegen": {"backend": "triton", "eager_norm_statistics": True}}}
+                    "options": {"codegen": {"backend": "triton", "eager_norm_max_row": 8192}}}
 
 
 @pytest.mark.parametrize("n", [64, 100, 1000])
@@ -259,7 +259,18 @@ def test_eager_norm_statistics_states_are_one_column_per_thread_in_the_sm90_kern
 
 
 def test_without_eager_norm_statistics_a_variance_is_two_sums():
-    run_plan(layer_norm, torch.randn(6, 100), torch.randn(100), torch.randn(100))
+    plan = {"extends": "cpu-inference", "options": {"codegen": {"backend": "triton", "eager_norm_statistics": False}}}
+    run_plan(layer_norm, torch.randn(6, 100), torch.randn(100), torch.randn(100), plan=plan)
+    (kernel,), _ = kernels_of(LAST["graph"])
+    assert "pp_welford" not in kernel.source and kernel.source.count("tl.sum(") == 2
+
+
+def test_eager_norm_statistics_apply_by_default_to_rows_up_to_eager_norm_max_row():
+    run_plan(layer_norm, torch.randn(6, 1024), torch.randn(1024), torch.randn(1024))
+    (kernel,), _ = kernels_of(LAST["graph"])
+    assert "pp_welford_combine" in kernel.source
+    torch._dynamo.reset()
+    run_plan(layer_norm, torch.randn(6, 1028), torch.randn(1028), torch.randn(1028))
     (kernel,), _ = kernels_of(LAST["graph"])
     assert "pp_welford" not in kernel.source and kernel.source.count("tl.sum(") == 2
 

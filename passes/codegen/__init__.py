@@ -64,12 +64,15 @@ class CodegenOptions:
               "in the kernel; each call checks that such inputs' storage holds the padding, else the exact "
               "kernel runs (see passes/codegen/triton_pitch.py).")
     eager_norm_statistics: bool = option(
-        False, "triton: compute a row's mean and variance (layer norm's) in the order of ATen's CUDA layer-norm "
-               "kernel (Welford in 128 threads, a warp-shuffle tree), so layer-norm outputs have eager's "
-               "bits. Such kernels run one row per program with 4 warps and cost more: on the H200 GPT-2 "
-               "prefill took 2.85 ms instead of 2.55 (its logits 4e-5 from eager's instead of 1.05e-2), "
-               "and the layer norm + GELU + residual row 0.053 ms instead of 0.045 "
-               "(passes/codegen/triton_welford.py).")
+        True, "triton: compute the mean and variance of a row of at most eager_norm_max_row elements (layer "
+              "norm's) in the order of ATen's CUDA layer-norm kernel (Welford in 128 threads, its shuffle "
+              "tree), so layer-norm outputs have eager's bits: GPT-2's logits end 4e-5 from eager's instead "
+              "of 1.05e-2 (passes/codegen/triton_welford.py).")
+    eager_norm_max_row: int = option(
+        1024, "triton: the longest row eager_norm_statistics applies to; longer rows take two sums. On the "
+              "H200 the exact statistics cost nothing measurable on rows of 768 (a 4096 x 768 bf16 residual "
+              "add + layer norm: 12.6 us against 13.0) but 15 % on rows of 4096 (the layer norm + GELU + "
+              "residual row: 52 us against 45).", check=non_negative)
     split_reductions: bool = option(
         True, "triton: run a reduction over a strided axis that would launch few programs (a backward's "
               "bias and norm-weight column sums) as two kernels: partial results over chunks of rows, "
@@ -183,7 +186,8 @@ class Codegen(Pass):
             graph = generate(graph, context, emulate_precision=self.options.emulate_precision_casts,
                              autotune=self.options.autotune, compile_workers=self.options.compile_workers,
                              pitch_rows=self.options.pitch_rows, split_reductions=self.options.split_reductions,
-                             eager_norm_statistics=self.options.eager_norm_statistics)
+                             eager_norm_statistics=self.options.eager_norm_statistics,
+                             eager_norm_max_row=self.options.eager_norm_max_row)
         else:
             graph = self.generate_cpp(graph, context)
         return self.host(graph, context)

@@ -16,6 +16,7 @@ interpreted kernels cannot compile for a GPU any more (the interpreter patches
 from __future__ import annotations
 
 import hashlib
+import math
 import importlib.util
 import os
 import sys
@@ -352,15 +353,17 @@ _data_ptr = torch.Tensor.data_ptr
 
 def generate(graph: torch.fx.GraphModule, context: Any, *, emulate_precision: bool,
              autotune: bool = False, compile_workers: int = 0, pitch_rows: bool = True,
-             split_reductions: bool = True, eager_norm_statistics: bool = False) -> torch.fx.GraphModule:
+             split_reductions: bool = True, eager_norm_statistics: bool = False,
+             eager_norm_max_row: int = 0) -> torch.fx.GraphModule:
     """The ``codegen`` pass with ``backend: triton``: a TritonKernel for every fused group it can
     generate; the others keep running eagerly, with the reason in the report. With ``autotune``
     each CUDA kernel's launch shape is chosen by timing candidates (triton_autotune.py). With
     ``compile_workers`` the CUDA kernels' binaries are compiled in parallel (:func:`precompile`).
     With ``pitch_rows``, nests over padded rows run over the padded extent (triton_pitch.py); with
     ``split_reductions``, strided-axis reductions with few programs run in two kernels
-    (triton_split.py); with ``eager_norm_statistics``, row variances are computed in the order of
-    ATen's CUDA layer norm (triton_welford.py)."""
+    (triton_split.py); with ``eager_norm_statistics``, the variances of rows of at most
+    ``eager_norm_max_row`` elements are computed in the order of ATen's CUDA layer norm
+    (triton_welford.py)."""
     from .triton_split import build_split_kernel, split_plan   # it builds on TritonKernel
 
     interpret = interpreting()
@@ -390,7 +393,8 @@ def generate(graph: torch.fx.GraphModule, context: Any, *, emulate_precision: bo
             exact = pitch_nest(nest) if pitch_rows else None
             if exact is not None:
                 nest, exact = exact, nest
-            nest.aten_statistics = eager_norm_statistics
+            row = math.prod(nest.sizes[a] for a in nest.reduced)
+            nest.aten_statistics = eager_norm_statistics and bool(nest.reduced) and row <= eager_norm_max_row
             split = split_plan(nest) if split_reductions else None
             if split is not None:
                 node.target, stages = build_split_kernel(group, nest, split, emulate_precision=emulate_precision,

@@ -52,7 +52,9 @@ def pp_welford_combine(m_own, s_own, c_own, m_oth, s_oth, c_oth):
     # ATen's cuWelfordCombine(own, other) as nvcc contracts it (triton_welford.py)
     delta = m_own - m_oth
     count = c_oth + c_own
-    coef = tl.div_rn(tl.full(count.shape, 1.0, tl.float32), tl.where(count > 0, count, 1.0))
+    safe = tl.where(count > 0, count, 1.0)
+    approx = 1.0 / safe      # one Newton step makes it IEEE 1/count for every count up to 65536
+    coef = tl.fma(approx, tl.fma(-safe, approx, 1.0), approx)
     mean = tl.fma(c_oth * coef, m_oth, c_own * coef * m_own)
     m2 = tl.fma(delta * delta * c_oth, c_own * coef, s_oth + s_own)
     return tl.where(count > 0, mean, 0.0), tl.where(count > 0, m2, 0.0), count
