@@ -1,4 +1,5 @@
-"""Row statistics in ATen's order (``codegen: {eager_norm_statistics: true}``, Triton backend).
+"""Row statistics in ATen's order (``codegen: {eager_norm_statistics: true}``, Triton backend;
+on by default for rows of at most ``eager_norm_max_row`` = 1024 elements).
 
 ``fuse`` writes a ``var_mean`` over a row (layer norm's) as two sums: ``mean = sum(x) / n``, then
 ``var = sum((x - mean)**2) / n``. ATen's CUDA layer norm (``vectorized_layer_norm_kernel``) instead
@@ -6,28 +7,37 @@ runs Welford's online update in each of 128 threads over 4-wide vectors (thread 
 t, t + 128, ...), combines the threads of a warp with ``shfl.sync.down`` (offsets 16 to 1), then the
 4 warps pairwise (2, then 1). The two orders round differently: in a few outputs in a million the
 last bit of a bf16 layer norm differs, and a deep model such as GPT-2 amplifies that into a 1e-2
-relative difference of its logits. With this option a kernel holding such a pattern computes the
-mean and variance exactly as ATen does, so layer-norm outputs have eager's bits:
+relative difference of its logits. A kernel holding such a pattern computes the mean and variance
+exactly as ATen does, so layer-norm outputs have eager's bits:
 
-- per "thread" t (one column of a [XBLOCK, 128] block): ``delta = v - mean``,
-  ``mean' = fma(delta, 1/k, mean)``, ``m2' = fma(delta, v - mean', m2)`` for its k-th value;
+- the rows' values are loaded as [128, XBLOCK, 4] blocks (thread column, row, vector lane: one
+  8- or 16-byte load per thread and row) and split into the 4 lanes;
+- per thread column, for its k-th value: ``delta = v - mean``, ``mean' = fma(delta, 1/k, mean)``,
+  ``m2' = fma(delta, v - mean', m2)``;
 - the combine of (own, other): ``coef = 1/(n_own + n_oth)``, ``mean = fma(n_oth*coef, mean_oth,
   n_own*coef * mean_own)``, ``m2 = fma(delta^2 * n_oth, n_own*coef, m2_oth + m2_own)``, which is
   how nvcc contracts ATen's ``cuWelfordCombine`` (measured on the H200: the other contractions
-  differ in some rows; benchmarks/results/gpu-2026-11-30-s12/scripts/welford_probe.py);
+  differ in some rows; benchmarks/results/gpu-2026-11-30-s12/scripts/welford_probe.py). ``1/count``
+  is ``1.0 / count`` (Triton's approximate division) refined by one Newton step, which equals IEEE
+  division for every count from 1 to 65536 (checked exhaustively on the H200, session 13) at a
+  fraction of ``div_rn``'s cost;
 - ``var = m2 / n`` rounded as IEEE division.
 
-On CUDA the warp tree is real warp shuffles (inline PTX), which needs each column of the
-[1, 128] block in its own thread: such kernels run one row per program with 4 warps. The Triton
-interpreter (CPU tensors) has no inline assembly; there the same tree is written with reshapes.
-Measured on the H200 (benchmarks/results/gpu-2026-11-30-s12.md): fused residual add + layer norm
-gives eager's exact bits (bf16 and fp32, rows of 100, 768, 1000 and 4096); GPT-2 prefill's logits
-end 4.0e-5 from eager's (what the padded LM head alone leaves) instead of 1.05e-2. The cost is
-time: 2.85 ms a prefill instead of 2.55, and 0.053 ms instead of 0.045 for the layer norm + GELU +
-residual row (8192 x 4096 bf16), which is why it is an option. A plain layer norm kernel costs
-9-13 % more (N = 3072 and 4096, scripts/welford_fast.py); GPT-2's rows of 768, which otherwise run
-4 rows per program, pay more. Only persistent row kernels with one reduced axis of a length
-divisible by 4 qualify.
+On CUDA the threads are combined by ``tl.reduce`` over the thread axis of [128, XBLOCK] states.
+Triton lays such a tensor out one column per thread (32 lanes, then the warps, along the columns;
+the rows in registers) and reduces it lanes first by butterfly shuffles (offsets 16 to 1), then
+the warps' results pairwise (2, then 1): for lane 0, whose result Triton broadcasts, that is ATen's
+tree, combine for combine. [XBLOCK, 128] states got rows interleaved with columns within a warp
+(triton 3.6, sm_90), which is why the block is transposed. The CI test reads the layout from the
+TTGIR of kernels compiled for sm_90; the GPU tests check eager's bits at 1 to 16 rows per program
+and 4 to 16 warps. The interpreter reduces sequentially, so there the same tree is written out
+with reshapes (``pp_welford_halve``).
+
+Cost on the H200 (session 13, benchmarks/results/gpu-2026-11-30-s13.md): a 4096 x 768 bf16
+residual add + layer norm (GPT-2's) takes 12.6 us against 13.0 us with two sums (noise level);
+the 8192 x 4096 layer norm + GELU + residual row 52 us against 45, an issue-bound kernel where
+the per-value update shows, hence the row limit of the default. Only persistent row kernels with
+one reduced axis of a length divisible by 4 qualify.
 """
 from __future__ import annotations
 
