@@ -224,8 +224,8 @@ def _one_column_per_thread(layout: str) -> bool:
     """A [128, XBLOCK] layout whose 32 lanes and first 2 warp bits walk the 128 columns, one
     column (and any number of rows) per thread."""
     if layout.startswith("#ttg.blocked"):
-        return "sizePerThread = [1, 1], threadsPerWarp = [32, 1], warpsPerCTA = [4, " in layout or bool(
-            re.search(r"sizePerThread = \[1, 1\], threadsPerWarp = \[32, 1\], warpsPerCTA = \[\d+, 1\]", layout))
+        found = re.search(r"sizePerThread = \[1, 1\], threadsPerWarp = \[32, 1\], warpsPerCTA = \[(\d+), \d+\]", layout)
+        return found is not None and int(found.group(1)) >= 4
     bases = dict(re.findall(r"(register|lane|warp) = (\[[^=]*?\])(?=, \w+ =|\}>)", layout))
     registers, lanes, warps = (ast.literal_eval(bases[k]) for k in ("register", "lane", "warp"))
     return (lanes == [[1, 0], [2, 0], [4, 0], [8, 0], [16, 0]] and warps[:2] == [[32, 0], [64, 0]]
@@ -283,13 +283,23 @@ def test_rows_of_a_length_not_divisible_by_4_keep_two_sums_with_the_option():
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rows=st.integers(1, 5), quarter=st.integers(1, 160), scale=st.floats(1e-3, 1e3), shift=st.floats(-50, 50))
-def test_property_eager_norm_statistics_match_eager(rows, quarter, scale, shift):
+def test_property_eager_norm_statistics_are_as_accurate_as_fp32_allows(rows, quarter, scale, shift):
+    """Against a float64 layer norm, the exact statistics' outputs are off by no more than eager's
+    own fp32 outputs plus what 8 units in the last place of the row's mean move them (rows such
+    as 50 + 0.03 * randn are ill-conditioned: any fp32 mean is that far off, eager's included,
+    so equality with eager within the fp32 tolerance cannot be asked of them)."""
     torch._dynamo.reset()
     n = 4 * quarter
     x, w, b = torch.randn(rows, n) * scale + shift, torch.randn(n), torch.randn(n)
     with torch.no_grad():
-        problem = compare(layer_norm(x, w, b), compile_with_plan(layer_norm, EXACT_STATISTICS)(x, w, b))
-    assert problem is None, problem
+        got = compile_with_plan(layer_norm, EXACT_STATISTICS)(x, w, b).double()
+        eager = layer_norm(x, w, b).double()
+    expected = layer_norm(x.double(), w.double(), b.double())
+    x64 = x.double()
+    rstd = (x64.var(-1, unbiased=False, keepdim=True) + 1e-5).rsqrt()
+    mean_ulps = 8 * torch.finfo(torch.float32).eps * x64.mean(-1, keepdim=True).abs() * rstd * w.double().abs()
+    bound = (eager - expected).abs().amax() + mean_ulps + 1e-5
+    assert ((got - expected).abs() <= bound).all(), float(((got - expected).abs() - bound).amax())
 
 
 def test_reduction_kernels_are_persistent_when_the_row_fits():

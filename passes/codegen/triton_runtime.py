@@ -16,8 +16,8 @@ interpreted kernels cannot compile for a GPU any more (the interpreter patches
 from __future__ import annotations
 
 import hashlib
-import math
 import importlib.util
+import math
 import os
 import sys
 import tempfile
@@ -471,7 +471,8 @@ def _other_launch_shapes(nest: Any, generated: TritonSource, emulate_precision: 
 def _compile_paths(paths: list, arch: int, ttgir: bool = False) -> list:
     """Compile generated module files for ``cuda`` sm_<arch> with Triton's compiler; one result
     dict per file (sizes, or ``error``; the TritonGPU IR too with ``ttgir``). Self-contained
-    (stdlib and triton only): it also runs as a script in a fresh process, see :func:`compile_all_for_sm90`."""
+    (stdlib and triton only): it also runs as a script in a fresh process, see
+    :func:`compile_all_for_sm90`."""
     import importlib.util
     import triton
     from triton.backends.compiler import GPUTarget
@@ -541,10 +542,10 @@ def _path_of(subject: Any) -> str:
 
 def compile_all_for_sm90(subjects: list, *, arch: int = 90, ttgir: bool = False) -> list[dict]:
     """:func:`compile_for_sm90` for many kernels at once (with ``ttgir``, each result also holds
-    the kernel's TritonGPU IR, where Triton's layouts can be read). Runs in this process when Triton can
-    compile here, else in one fresh Python process without ``TRITON_INTERPRET`` (a process that
-    interpreted kernels cannot compile them). Raises :class:`TritonCompileError` naming every
-    kernel that failed."""
+    the kernel's TritonGPU IR, where Triton's layouts can be read). Runs in this process when
+    Triton can compile here, else in one fresh Python process without ``TRITON_INTERPRET`` (a
+    process that interpreted kernels cannot compile them). Raises :class:`TritonCompileError`
+    naming every kernel that failed."""
     import json
     import subprocess
 

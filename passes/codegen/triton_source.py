@@ -103,7 +103,7 @@ def choose_blocks(nest: LoopNest) -> Blocks:
         rblock = rp if persistent else max(1, TILE_ELEMENTS // xblock)
     per_warp = LOOPED_WARP_ELEMENTS if not persistent and xblock == 1 else WARP_ELEMENTS
     warps = max(2, min(16, next_pow2(xblock * rblock // per_warp)))
-    if aten_statistics(nest, rblock):   # one thread per column of ATen's 4-warp block (triton_welford.py)
+    if persistent and aten_statistics(nest, rblock):   # a thread per column of ATen's block (triton_welford.py)
         warps = max(warps, WARPS)
     return Blocks(persistent, xblock, rblock, -(-outer // xblock), warps)
 
