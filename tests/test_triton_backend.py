@@ -207,13 +207,13 @@ def test_eager_norm_statistics_reduce_per_thread_welford_states_with_atens_combi
 
 
 def _state_layouts(ttgir: str) -> set[str]:
-    """The layouts of the operands of the kernel's reductions (the Welford states), as Triton's
-    TTGIR spells them."""
+    """The layouts of the operands of the kernel's three-operand reductions (the Welford states),
+    as Triton's TTGIR spells them."""
     lines = ttgir.splitlines()
     layouts = dict(line.split(" = ", 1) for line in lines if line.startswith(("#blocked", "#linear")))
     found = set()
     for k, line in enumerate(lines):
-        if '"tt.reduce"' in line:
+        if '"tt.reduce"' in line and ":3 = " in line:      # mean, m2 and count
             closing = next(other for other in lines[k:] if other.strip().startswith("}) :"))
             operands = closing.split("->")[0]
             found |= {layouts[part.split(", ")[1].split(">")[0]] for part in operands.split("tensor<")[1:]}
@@ -421,6 +421,7 @@ def test_reductions_over_zero_elements_match_eager():
     assert record.kernels == 1
     record = run_plan(lambda x: torch.var(x, -1, unbiased=True), torch.randn(3, 0))
     assert record.kernels >= 1
+    run_plan(lambda x: torch.var_mean(x, -1, correction=0), torch.randn(3, 0))   # (NaN, NaN) as eager's
 
 
 def test_fp16_layer_norm_matches_eager():
@@ -492,6 +493,30 @@ def test_every_generated_kernel_compiles_for_sm90():
     results = compile_all_for_sm90([GENERATED[path] for path in sorted(GENERATED)])
     assert len(results) == len(GENERATED)
     assert all(r["ptx_bytes"] > 0 and r["cubin_bytes"] > 0 for r in results)
+
+
+def test_every_generated_kernel_with_exact_statistics_has_one_column_per_thread_on_sm90(monkeypatch):
+    """Runs last too: the kernels above that computed ATen-order statistics (the interpreter's
+    variant, a tree of reshapes) are generated again as for CUDA tensors (a reduction over the
+    threads) and compiled for the H200; in each, the Welford states are one column per thread."""
+    from passes.codegen import triton_source
+    from passes.codegen.triton_runtime import compile_all_for_sm90
+    from pipeline.loops import analyze
+    exact = [k for _, k in sorted(GENERATED.items()) if "pp_welford_halve(" in k.source]
+    if not exact:
+        pytest.skip("no kernel with exact statistics was generated in this run")
+    emit = triton_source.emit_statistics
+    monkeypatch.setattr(triton_source, "emit_statistics", lambda writer, variance, cuda: emit(writer, variance, True))
+    sources = []
+    for k in exact:
+        nest = analyze(k.group)
+        nest.aten_statistics = True
+        sources.append(triton_source.kernel_source(nest, f"triton_cuda_{len(sources)}"))
+    assert all(", 0, pp_welford_combine)" in s.source for s in sources)
+    results = compile_all_for_sm90(sources, ttgir=True)
+    for result in results:
+        layouts = _state_layouts(result["ttgir"])
+        assert layouts and all(_one_column_per_thread(layout) for layout in layouts), (result["name"], layouts)
 
 
 def test_compile_for_sm90_names_the_kernel_it_cannot_compile():

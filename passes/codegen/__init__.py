@@ -173,7 +173,7 @@ class Codegen(Pass):
 
     name = "codegen"
     Options = CodegenOptions
-    version = "16"
+    version = "17"
     requires = frozenset({"fused"})
     provides = frozenset({"codegen"})
 

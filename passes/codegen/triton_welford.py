@@ -111,11 +111,11 @@ def _divides_by(node: torch.fx.Node, dividend: torch.fx.Node, n: int) -> bool:
 
 def find_variances(nest: LoopNest) -> list[Variance]:
     """The two-pass variances over the nest's one reduced axis, of fp32 rows whose length is a
-    multiple of 4, whose values need no reduction of the nest to compute."""
+    positive multiple of 4, whose values need no reduction of the nest to compute."""
     if len(nest.reduced) != 1 or nest.pitch is not None:
         return []
     n = nest.sizes[nest.reduced[0]]
-    if n % 4:
+    if n % 4 or n == 0:         # empty rows keep the sums, whose mean of nothing is NaN as eager's
         return []
     found = []
     for total in nest.nodes:
