@@ -12,7 +12,6 @@ import sys
 
 import torch
 import torch.nn.functional as F
-import triton
 from triton.testing import do_bench
 
 from pipeline import compile_with_plan
