@@ -45,6 +45,11 @@ class Step:
     outcome: str          # "match", "mismatch" or "error"
     detail: str = ""
 
+    @property
+    def position(self) -> int:
+        """The last pass's index in the plan's pass list (0 is capture), as the verdict counts it."""
+        return self.passes - 1
+
 
 @attrs.frozen
 class FuelResult:
@@ -58,7 +63,8 @@ class FuelResult:
 @attrs.frozen
 class BisectResult:
     """The verdict: the first pass whose prefix differs from eager (None when the whole plan
-    matches), the prefixes tried, and the first bad rewrite when the pass supports fuel."""
+    matches) and its ``position`` (index in the plan's pass list, 0 being capture), the prefixes
+    tried, and the first bad rewrite when the pass supports fuel."""
 
     plan: str
     culprit: str | None
@@ -68,15 +74,17 @@ class BisectResult:
     fuel: FuelResult | None = None
 
     def __str__(self) -> str:
-        lines = [f"{'passes':>6}  {'last pass':<20} outcome"]
+        # Passes are numbered as everywhere else (plan errors' passes[i], repro.json's position):
+        # by their index in the plan's pass list, 0 being capture. Row i ran passes 0..i.
+        lines = [f"{'pass':>4}  {'name':<20} outcome of the plan up to it"]
         for step in self.steps:
-            lines.append(f"{step.passes:>6}  {step.last_pass:<20} {step.outcome}"
+            lines.append(f"{step.position:>4}  {step.last_pass:<20} {step.outcome}"
                          + (f": {step.detail[:160]}" if step.detail else ""))
         if self.culprit is None:
             lines.append(f"plan '{self.plan}': the compiled model matches eager; nothing to bisect")
         else:
             lines.append(f"first bad pass: '{self.culprit}' (pass {self.position} of plan '{self.plan}', "
-                         f"from plugin {self.plugin})")
+                         f"counting capture as 0; from plugin {self.plugin})")
             if self.fuel is not None:
                 lines.append(f"first bad rewrite: {self.fuel.rewrite} of {self.fuel.total}: {self.fuel.description}")
         return "\n".join(lines)
@@ -118,7 +126,7 @@ def bisect(model: Any, *inputs: Any, plan: Any = "default", rtol: float | None =
     else:
         steps.append(full)
     bad = steps[-1]
-    position = bad.passes - 1
+    position = bad.position
     fuel = None
     cls = registry.passes[bad.last_pass].cls
     if use_fuel and cls.uses_fuel:

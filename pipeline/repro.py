@@ -3,7 +3,8 @@ how ``pipeline repro DIR`` replays it.
 
 A reproducer folder (under ``$PIPELINE_REPRO_DIR``, default ``./pipeline-repro``) holds:
 
-- ``repro.json``: the graph id, the failing pass, its plugin and position in the plan, the failure
+- ``repro.json``: the graph id, the failing pass, its plugin (with the distribution and version to
+  install, for an installed plugin) and position in the plan, the failure
   (``mismatch`` with the comparison message, or ``exception`` with its type), the invariant tags
   the graph had, and which passes the replay applies;
 - ``graph.py``: the graph the failing pass received, as Python source (for reading);
@@ -106,6 +107,7 @@ def write_reproducer(*, graph_id: str, position: int, plugin: str, received: tor
         "role": role,
         "pass": pass_name,
         "plugin": plugin,
+        **_distribution_of(pass_name, plugin),
         "position": position,
         "replay_passes": [first, position],
         "failure": attrs.asdict(failure),
@@ -120,6 +122,32 @@ def write_reproducer(*, graph_id: str, position: int, plugin: str, received: tor
     except OSError as exc:
         return f"(not written to {folder}: {exc})"
     return str(folder)
+
+
+def _distribution_of(pass_name: str, plugin: str) -> dict:
+    """``plugin_distribution`` and ``plugin_version`` of the installed distribution that registered
+    ``pass_name`` (what to install to replay elsewhere); empty for a plugin registered from code."""
+    entry = get_registry().pass_entry(pass_name)
+    if entry is None or str(entry.plugin) != plugin or not entry.plugin.distribution:
+        return {}
+    return {"plugin_distribution": entry.plugin.distribution, "plugin_version": entry.plugin.version}
+
+
+def _check_pass_is_registered(folder: Path, info: dict) -> None:
+    """A clear error naming what to install when the reproducer's pass is not registered here."""
+    name = info["pass"]
+    if get_registry().pass_entry(name) is not None:
+        return
+    where = f"plugin {info.get('plugin', '?')}"
+    distribution, version = info.get("plugin_distribution"), info.get("plugin_version")
+    if distribution:
+        pin = f"{distribution}=={version}" if version else distribution
+        where += (f" (distribution {distribution} version {version or '?'}); install it "
+                  f"(pip install '{pin}') and replay again")
+    else:
+        where += ", which was not installed from a distribution; register it (pipeline.register_plugin) " \
+                 "in the process that replays, or install the package that provides it"
+    raise PipelineError(f"{folder}: unknown pass '{name}': repro.json records it as coming from {where}")
 
 
 def write_folder(folder: Path, info: dict, graph: torch.fx.GraphModule, args: list, *,
@@ -179,6 +207,7 @@ def load_reproducer(directory: str | os.PathLike) -> Reproducer:
     if not info_path.is_file():
         raise PipelineError(f"{folder} is not a reproducer folder (no repro.json)")
     info = json.loads(info_path.read_text())
+    _check_pass_is_registered(folder, info)
     if not (folder / "graph.json").is_file():
         raise PipelineError(f"{folder}: the graph could not be saved as data ({info.get('graph_data')}); "
                             f"graph.py shows it, and plan.yaml recompiles the model up to the failing pass")

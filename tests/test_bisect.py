@@ -2,6 +2,9 @@
 eager, and, for a pass that supports fuel, its first bad rewrite."""
 from __future__ import annotations
 
+import contextlib
+import io
+import re
 import textwrap
 
 import pytest
@@ -43,12 +46,32 @@ def model_file(tmp_path):
     return path
 
 
-def test_bisect_command_names_the_miscompiling_pass_and_its_plugin(miscompile_plugin, model_file, capsys):
-    with torch.no_grad():
-        status = main(["bisect", str(model_file), "--plan", "miscompile-div"])
-    out = capsys.readouterr().out
+@pytest.fixture(scope="module")
+def bisect_command(miscompile_plugin, tmp_path_factory) -> tuple[int, str]:
+    """Exit status and output of ``pipeline bisect`` on the model file with the broken plan."""
+    path = tmp_path_factory.mktemp("bisect") / "scaled_model.py"
+    path.write_text(MODEL_FILE)
+    out = io.StringIO()
+    with torch.no_grad(), contextlib.redirect_stdout(out):
+        status = main(["bisect", str(path), "--plan", "miscompile-div"])
+    return status, out.getvalue()
+
+
+def test_bisect_command_names_the_miscompiling_pass_and_its_plugin(bisect_command):
+    status, out = bisect_command
     assert status == 1
-    assert f"first bad pass: 'div-to-mul' (pass 3 of plan 'miscompile-div', from plugin {DIST})" in out
+    assert (f"first bad pass: 'div-to-mul' (pass 3 of plan 'miscompile-div', counting capture as 0; "
+            f"from plugin {DIST})") in out
+
+
+def test_bisect_table_numbers_each_pass_as_the_verdict_does(bisect_command):
+    _, out = bisect_command
+    names = pipeline.load_plan("miscompile-div").pass_names()
+    rows = [line.split() for line in out.splitlines() if re.match(r"\s*\d+\s", line)]
+    assert [(int(row[0]), row[1]) for row in rows] == list(enumerate(names))[:len(rows)]
+    (culprit,) = [row for row in rows if row[2].startswith("mismatch")]
+    (verdict,) = [line for line in out.splitlines() if line.startswith("first bad pass: ")]
+    assert verdict.startswith(f"first bad pass: '{culprit[1]}' (pass {culprit[0]} of plan")
 
 
 def test_bisect_runs_prefixes_until_the_first_mismatch(miscompile_plugin, model_file):

@@ -69,8 +69,24 @@ def test_passes_writes_defaults_as_yaml(passes_output):
     assert "    keep: list[str] = []" in section(passes_output, "decompose").splitlines()
 
 
-def test_passes_shows_requires_and_provides(passes_output):
-    assert "    requires: functional   provides: -" in section(passes_output, "cse").splitlines()
+def test_passes_shows_requires_provides_and_invalidates(passes_output):
+    assert "    requires: functional   provides: -   invalidates: -" in section(passes_output, "cse").splitlines()
+
+
+def test_passes_shows_the_tags_a_pass_invalidates(passes_output):
+    assert "    requires: aten   provides: -   invalidates: functional" in \
+        section(passes_output, "reinplace").splitlines()
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY.passes))
+def test_passes_tag_line_names_every_invalidated_tag(passes_output, name):
+    cls = REGISTRY.passes[name].cls
+    lines = [line for line in section(passes_output, name).splitlines() if line.startswith("    requires: ")]
+    if not (cls.requires or cls.provides or cls.invalidates):
+        assert lines == []
+        return
+    (line,) = lines
+    assert line.endswith(f"   invalidates: {', '.join(sorted(cls.invalidates)) or '-'}")
 
 
 def test_validate_accepts_good_plans_and_lists_their_passes(capsys):

@@ -13,8 +13,15 @@ from pathlib import Path
 import pytest
 import yaml
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: pytest depends on tomli there
+    import tomli as tomllib
+
 import pipeline
 import pipeline.testing
+from build_checks import build_warnings
+from conftest import installed_plugin
 from pipeline.cli import main as cli_main
 from pipeline.docgen import plan_reference
 from pipeline.options import describe
@@ -210,3 +217,82 @@ def test_relative_links_point_to_existing_files(doc):
         if "://" in target:
             continue
         assert (doc.parent / target).exists(), f"{doc.relative_to(ROOT)} links to missing {target}"
+
+
+# -- the plugin guide's example plugin -----------------------------------------------------------
+GUIDE = ROOT / "docs" / "plugin-guide.md"
+GUIDE_FILES = ("pyproject.toml", "mul_to_add/__init__.py", "mul_to_add/plans/mul-to-add.yaml")
+
+
+def guide_blocks() -> list[str]:
+    """The bodies of the guide's fenced code blocks, in order."""
+    return re.findall(r"^```\w*\n(.*?)^```", GUIDE.read_text(), flags=re.MULTILINE | re.DOTALL)
+
+
+def guide_file(name: str) -> str:
+    """The code block of the guide that starts with the comment ``# <name>``."""
+    (body,) = [b for b in guide_blocks() if b.startswith(f"# {name}\n")]
+    return body
+
+
+def guide_block_defining(function: str) -> str:
+    """The code block of the guide that defines ``function``."""
+    (body,) = [b for b in guide_blocks() if f"\ndef {function}(" in b]
+    return body
+
+
+@pytest.fixture(scope="module")
+def guide_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The guide's plugin written out as the files its code blocks name."""
+    root = tmp_path_factory.mktemp("guide") / "pipeline-mul-to-add"
+    for name in GUIDE_FILES:
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(guide_file(name))
+    return root
+
+
+@pytest.fixture(scope="module")
+def guide_plugin(guide_source: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The guide's plugin installed with pip (into a temporary folder) and registered."""
+    with installed_plugin(guide_source, tmp_path_factory.mktemp("guide-site"), distribution="pipeline-mul-to-add",
+                          version="0.1.0", module="mul_to_add") as plugin:
+        yield plugin
+
+
+def test_plugin_guide_pyproject_builds_without_warnings(guide_source, tmp_path):
+    assert build_warnings(guide_source, tmp_path) == []
+
+
+def packaging_tables(pyproject: str) -> tuple[dict, str]:
+    """The ``[build-system]`` table and the ``[tool.setuptools]`` tables with the plugin's module
+    name replaced by MODULE, and that module."""
+    data = tomllib.loads(pyproject)
+    (module,) = data["project"]["entry-points"]["pipeline.plugins"].values()
+    setuptools_tables = re.sub(rf"\b{re.escape(module)}\b", "MODULE", repr(data["tool"]["setuptools"]))
+    return {"build-system": data["build-system"], "tool.setuptools": setuptools_tables}, module
+
+
+@pytest.mark.parametrize("pyproject", sorted((ROOT / "examples").glob("*/pyproject.toml")),
+                         ids=lambda p: p.parent.name)
+def test_plugin_guide_pyproject_packages_the_plugin_as_the_examples_do(pyproject):
+    guide, _ = packaging_tables(guide_file("pyproject.toml"))
+    example, _ = packaging_tables(pyproject.read_text())
+    assert guide == example
+
+
+def test_plugin_guide_plugin_installs_and_registers_its_pass_and_plan(guide_plugin):
+    registry = pipeline.get_registry()
+    entry = registry.passes["mul-to-add"]
+    assert str(entry.plugin) == "pipeline-mul-to-add 0.1.0 (mul_to_add)"
+    assert Path(registry.plans["mul-to-add"].path).is_relative_to(guide_plugin.path)
+    names = pipeline.load_plan("mul-to-add").pass_names()
+    assert names[names.index("functionalize") + 1] == "mul-to-add"
+    assert "mul-to-add  (v1, graph pass, from pipeline-mul-to-add 0.1.0 (mul_to_add))" in passes_command_output()
+
+
+def test_plugin_guide_testing_examples_pass_against_its_plugin(guide_plugin):
+    namespace: dict = {}
+    for function in ("test_mul_to_add_preserves_semantics", "test_no_multiplication_by_two_is_left"):
+        exec(compile(guide_block_defining(function), f"{GUIDE}:{function}", "exec"), namespace)
+        namespace[function]()

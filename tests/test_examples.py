@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import pipeline
+from build_checks import build_warnings
 from conftest import InstalledPlugin, installed_plugin
 
 try:
@@ -87,6 +88,11 @@ def test_example_is_discovered_through_the_entry_point_with_its_passes_and_plans
     assert Path(plugin.obj.__file__).is_relative_to(installed[example.distribution].path)
     assert [n for n, e in registry.passes.items() if e.plugin == plugin]
     assert [n for n, e in registry.plans.items() if e.plugin == plugin]
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=IDS)
+def test_example_builds_without_warnings(example, tmp_path):
+    assert build_warnings(example.folder, tmp_path) == []
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=IDS)

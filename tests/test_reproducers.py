@@ -5,6 +5,8 @@ like any third-party distribution."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -97,6 +99,25 @@ def test_crashing_plugin_pass_leaves_a_reproducer_that_keeps_its_exception_type(
     minimized = load_reproducer(Path(error.reproducer) / "minimized")
     assert len(minimized.graph.graph.nodes) <= 4
     assert replay(minimized).exception_type == "ValueError"
+
+
+def test_reproducer_records_the_distribution_and_version_of_the_pass_plugin(miscompile_plugin, repro_dir):
+    info = json.loads((Path(caught("miscompile-div").reproducer) / "repro.json").read_text())
+    assert (info["plugin_distribution"], info["plugin_version"]) == ("pipeline-miscompile-plugin", "1.0.0")
+
+
+def test_replay_without_the_plugin_installed_names_the_distribution_to_install(miscompile_plugin, repro_dir,
+                                                                              tmp_path):
+    folder = caught("miscompile-div").reproducer
+    # A new process does not see the plugin (it is on this process's sys.path only): as on a
+    # machine where the reproducer was copied without installing the plugin.
+    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "repro", folder], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr == (
+        f"error: {folder}: unknown pass 'div-to-mul': repro.json records it as coming from plugin {DIST} "
+        f"(distribution pipeline-miscompile-plugin version 1.0.0); install it "
+        f"(pip install 'pipeline-miscompile-plugin==1.0.0') and replay again\n")
 
 
 def test_replay_of_a_fixed_pass_says_not_reproduced(miscompile_plugin, repro_dir, capsys):

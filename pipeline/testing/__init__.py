@@ -9,10 +9,10 @@ plan preserves semantics against eager PyTorch. Plugin authors fuzz their own pa
         assert_preserves_semantics(MyRewrite, case)
 """
 from ..numerics import TOLERANCES, compare, tolerance
-from .assertions import SemanticsError, assert_preserves_semantics, prelude_for, run_passes
+from .assertions import SemanticsError, assert_preserves_semantics, prelude_for, run_passes, tags_of
 from .strategies import FLOAT_DTYPES, GraphCase, TensorSpec, graphs
 from .training import assert_gradients_match, gradient_inputs, loss_and_gradients
 
 __all__ = ["graphs", "GraphCase", "TensorSpec", "FLOAT_DTYPES", "assert_preserves_semantics",
-           "SemanticsError", "prelude_for", "run_passes", "compare", "tolerance", "TOLERANCES",
+           "SemanticsError", "prelude_for", "run_passes", "tags_of", "compare", "tolerance", "TOLERANCES",
            "assert_gradients_match", "gradient_inputs", "loss_and_gradients"]

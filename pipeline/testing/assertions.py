@@ -39,11 +39,13 @@ def _bind(subject: Any, registry: Registry) -> BoundPass:
     return BoundPass(instance, plugin)
 
 
-def prelude_for(pass_: Pass | type, registry: Registry | None = None) -> list[BoundPass]:
-    """Registered passes (default options) that establish the tags ``pass_`` requires, in order,
-    starting from a freshly captured graph. Raises when no registered pass provides a tag."""
+def prelude_for(pass_: Pass | type | str, registry: Registry | None = None) -> list[BoundPass]:
+    """Registered passes (default options) that establish the tags ``pass_`` (a pass class,
+    instance or registered name) requires, in order, starting from a freshly captured graph.
+    Raises when no registered pass provides a tag."""
     registry = registry or get_registry()
-    cls = pass_ if isinstance(pass_, type) else type(pass_)
+    cls = type(_bind(pass_, registry).instance) if isinstance(pass_, str) else (
+        pass_ if isinstance(pass_, type) else type(pass_))
     chain: list[BoundPass] = []
     tags = set(START_TAGS)
 
@@ -71,16 +73,35 @@ def run_passes(passes: Sequence[Any], gm: torch.fx.GraphModule, example_inputs: 
                registry: Registry | None = None, check_invariants: bool = True,
                tags: set | None = None) -> torch.fx.GraphModule:
     """Run passes (classes, instances, names or bound passes) over a copy of ``gm`` the way the
-    engine does, with fake example inputs made from ``example_inputs``. ``tags`` is the set of
-    invariant tags the graph has (a freshly captured graph's by default); it is updated in place."""
+    engine does, with fake example inputs made from ``example_inputs``.
+
+    The graph it returns remembers the invariant tags the passes left it with (:func:`tags_of`),
+    so running more passes on it continues from them::
+
+        before = run_passes(prelude_for(MyPass), case.gm, inputs)
+        after = run_passes([MyPass()], before, inputs)
+
+    ``tags`` overrides where the run starts from: by default the tags ``gm`` remembers, or a freshly
+    captured graph's for a graph these helpers did not produce. A set given is updated in place."""
     registry = registry or get_registry()
     bound = [p if isinstance(p, BoundPass) else _bind(p, registry) for p in passes]
     context = PassContext(graph_id="test", target=_target(example_inputs),
                           example_inputs=compat.fake_copies(list(example_inputs)), plan=None,
-                          tags=tags if tags is not None else set(START_TAGS))
+                          tags=tags if tags is not None else set(tags_of(gm)))
     manager = PassManager(bound, registry=registry, plugin_manager=registry.plugin_manager(),
                           check_invariants=check_invariants)
-    return manager.run(copy_graph(gm), context)
+    result = manager.run(copy_graph(gm), context)
+    result.meta[_TAGS_KEY] = frozenset(context.tags)
+    return result
+
+
+_TAGS_KEY = "pipeline_testing_tags"
+
+
+def tags_of(gm: torch.fx.GraphModule) -> frozenset[str]:
+    """The invariant tags a graph returned by :func:`run_passes` has (a freshly captured graph's,
+    ``captured``, for any other graph)."""
+    return frozenset(getattr(gm, "meta", {}).get(_TAGS_KEY, START_TAGS))
 
 
 def _target(inputs: list) -> str:
@@ -116,9 +137,8 @@ def assert_preserves_semantics(subject: Any, case: GraphCase | torch.fx.GraphMod
         fn = torch.fx.symbolic_trace(fn)
     bound = _bind(subject, registry)
     prelude = prelude_for(bound.instance, registry)
-    tags = set(START_TAGS)
-    before = run_passes(prelude, fn, input_sets[0], registry=registry, tags=tags) if prelude else fn
-    after = run_passes([bound], before, input_sets[0], registry=registry, tags=tags)
+    before = run_passes(prelude, fn, input_sets[0], registry=registry, tags=set(START_TAGS)) if prelude else fn
+    after = run_passes([bound], before, input_sets[0], registry=registry, tags=set(tags_of(before)))
     for args in input_sets:
         for label, reference, candidate in (("prelude " + " -> ".join(b.name for b in prelude), fn, before),
                                             (f"pass '{bound.name}'", before, after)):

@@ -5,6 +5,14 @@ plus the specs of its inputs; ``case.make_inputs(seed)`` gives fresh random tens
 Graphs mix pointwise ops with broadcasting, reductions (sum, mean, amax, amin, var, argmax,
 softmax, log_softmax, layer norm), views (permute, transpose, reshape, unsqueeze, expand, narrow),
 permuted (non-contiguous) inputs, constants, several dtypes, and optionally in-place updates.
+
+Shapes: most cases keep every dimension in ``1..max_dim``, small graphs that run and shrink fast.
+A share of them (``large_shapes``, 1 in 8 by default) is large instead: 10,000 to ``max_elements``
+(65,536) elements, every size odd and often prime (``(7, 13, 509)``, ``(3, 16381)``), so that a
+rewrite or a kernel that goes wrong only past a tile, a vector width, a block or a split threshold
+(loop tails, partial blocks, multi-pass reductions) fails the test too. Bounding the share and the
+elements keeps a property test's time close to that of small graphs alone: per example, compiling
+kernels costs more than running them on 65,536 elements.
 """
 from __future__ import annotations
 
@@ -24,6 +32,12 @@ GUARDED_UNARY = ["exp", "sqrt", "log", "reciprocal"]
 BINARY = [torch.add, torch.sub, torch.mul, torch.maximum, torch.minimum]
 REDUCTIONS = ["sum", "mean", "amax", "amin", "var", "argmax", "softmax", "log_softmax", "layer_norm"]
 VIEWS = ["permute", "transpose", "reshape", "unsqueeze", "expand", "narrow"]
+
+# Large shapes: the other axes take small odd sizes, one axis the rest of the element budget.
+LARGE_MIN_ELEMENTS = 10_000
+SMALL_ODD_SIZES = (1, 3, 5, 7, 11, 13, 31)
+PRIMES = (61, 127, 251, 509, 1021, 1031, 2039, 4093, 8191, 16381, 32749, 65521)
+SHARE_STEPS = 64    # large_shapes is drawn as an integer out of this many
 
 
 @attrs.frozen
@@ -155,15 +169,45 @@ def _broadcast_variant(draw, base: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(shape)
 
 
+def _large_shape(draw, rank: int, max_elements: int) -> tuple[int, ...]:
+    """A shape of about ``LARGE_MIN_ELEMENTS`` to ``max_elements`` elements, every size odd."""
+    shape = [draw(st.sampled_from(SMALL_ODD_SIZES)) for _ in range(rank)]
+    long_axis = draw(st.integers(0, rank - 1))
+    others = math.prod(shape[:long_axis] + shape[long_axis + 1:])
+    high = max(max_elements // others, 1)
+    low = min(max(LARGE_MIN_ELEMENTS // others, 1), high)
+    primes = [p for p in PRIMES if low <= p <= high]
+    if primes and draw(st.booleans()):
+        size = draw(st.sampled_from(primes))
+    else:
+        size = draw(st.integers(low, high))
+        if size % 2 == 0:
+            size = size + 1 if size < high else size - 1
+    shape[long_axis] = size
+    return tuple(shape)
+
+
 @st.composite
 def graphs(draw, *, dtypes: Sequence[torch.dtype] = (torch.float32,), min_ops: int = 1, max_ops: int = 8,
            max_inputs: int = 3, max_rank: int = 3, max_dim: int = 6, reductions: bool = True,
            views: bool = True, mutation: bool = False, input_mutation: bool = False,
-           constants: bool = True, permuted_inputs: bool = True, input_mutation_weight: int = 1) -> GraphCase:
+           constants: bool = True, permuted_inputs: bool = True, input_mutation_weight: int = 1,
+           large_shapes: float = 1 / 8, max_elements: int = 1 << 16) -> GraphCase:
     """Draw a random valid graph. Keyword switches choose the op families (see module doc);
-    ``input_mutation_weight`` makes writes into inputs that many times as likely as one family."""
+    ``input_mutation_weight`` makes writes into inputs that many times as likely as one family.
+    ``large_shapes`` is the share of cases drawn with a large shape of odd sizes (at most
+    ``max_elements`` elements; 0 keeps every case within ``max_dim``), see the module doc."""
+    if not 0 <= large_shapes <= 1:
+        raise ValueError(f"graphs(large_shapes={large_shapes!r}): a share, from 0 (never) to 1 (always)")
+    if max_elements < LARGE_MIN_ELEMENTS and large_shapes > 0:
+        raise ValueError(f"graphs(max_elements={max_elements!r}): large shapes have at least "
+                         f"{LARGE_MIN_ELEMENTS} elements; give more, or large_shapes=0")
     rank = draw(st.integers(1, max_rank))
-    base = tuple(draw(st.integers(1, max_dim)) for _ in range(rank))
+    large = draw(st.integers(0, SHARE_STEPS - 1)) >= SHARE_STEPS - round(large_shapes * SHARE_STEPS)
+    if large:
+        base = _large_shape(draw, rank, max_elements)
+    else:
+        base = tuple(draw(st.integers(1, max_dim)) for _ in range(rank))
     n_inputs = draw(st.integers(1, max_inputs))
     root = torch.nn.Module()
     builder = _Builder(root)
@@ -295,8 +339,8 @@ def _partial_input_write(draw, builder: _Builder, target: torch.fx.Node, tmeta: 
     size = tmeta.shape[dim]
     kind = draw(st.sampled_from(["select", "narrow", "index_copy"]))
     if kind == "index_copy":
-        count = draw(st.integers(1, size))
-        index = sorted(draw(st.permutations(range(size)))[:count])
+        count = draw(st.integers(1, min(size, 8)))
+        index = sorted(draw(st.lists(st.integers(0, size - 1), min_size=count, max_size=count, unique=True)))
         picked = builder.call(torch.tensor, index)
         if picked is None:
             return None
