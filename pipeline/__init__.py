@@ -16,7 +16,7 @@ from .graph_pass import (CaptureContext, CapturePass, Fuel, GraphCompiler, Joint
                          SplitPass)
 from .hooks import hookimpl, hookspec
 from .options import NoOptions, device_types, non_negative, option, positive
-from .plan import CacheSettings, Expectations, PassSpec, Plan, load_plan
+from .plan import CacheSettings, Expectations, PassSpec, Plan, PlanWarning, load_plan
 from .registry import get_registry, register_plugin, reload_registry, unregister_plugin
 from .api import compilation_of, compile_with_plan, plan_of
 from .serving import stance, warmup
@@ -35,7 +35,7 @@ __all__ = [
     "Pass", "CapturePass", "SplitPass", "JointGraph", "PassContext", "CaptureContext", "GraphCompiler",
     "hookimpl", "hookspec", "option", "positive", "non_negative", "device_types", "NoOptions",
     "get_registry", "reload_registry", "register_plugin", "unregister_plugin",
-    "PipelineError", "PlanError", "RegistrationError", "PassFailure", "VerificationError",
+    "PipelineError", "PlanError", "PlanWarning", "RegistrationError", "PassFailure", "VerificationError",
     "GraphBreakError", "RecompileError", "ExpectationError", "ShapeError",
     "warmup", "stance", "ShapeSettings",
     "explain", "Explanation", "compile_report", "write_report", "bisect", "BisectResult", "Fuel",

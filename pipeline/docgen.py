@@ -24,6 +24,7 @@ from .options import OptionInfo, describe, type_name
 from .plan import TOP_LEVEL_KEYS, CacheSettings, Expectations, Plan, load_plan
 from .shapes import ShapeSettings
 from .registry import OWN_DISTRIBUTION, PluginInfo, Registry, get_registry
+from .yamlio import MAX_DEPTH, MAX_KEY_CHARS, MAX_NODES, MAX_PLAN_BYTES, QUOTE_CHARS
 
 # What each top-level plan key means. Types and defaults of the keys that are fields of
 # :class:`Plan` are read from the class; the rest are stated here.
@@ -46,10 +47,18 @@ _KEY_DOCS: dict[str, tuple[str | None, str]] = {
                        "graphs run every pass but the split, training graphs run the passes before the "
                        "split on the joint graph and those after it on both halves (a plan without a "
                        "split pass has training graphs split by AOTAutograd's default partitioner first, "
-                       "so every pass runs on the halves). At most one split pass per plan."),
+                       "so every pass runs on the halves). At most one split pass per plan. Restating the "
+                       "parent's list starts each pass from its defaults: a warning names every option the "
+                       "parent set that a restated entry leaves out (use `insert` to add a pass instead)."),
+    "insert": ("list", "Only with `extends`: passes to put next to named passes of the parent's list, which "
+                       "otherwise stays as it is, options included. Each entry names exactly one of `before` "
+                       "or `after` (a pass of the plan), `pass` (the pass to insert) and optionally its "
+                       "`options` and `on: [roles]`; when the plan has the anchor pass more than once, "
+                       "`occurrence: N` (1-based) says which. Entries apply in order, so one may name a pass "
+                       "an earlier entry inserted."),
     "options": ("mapping", "Only with `extends`: `{pass name: {option: value}}`, merged into the options "
-                           "of the parent's passes of that name (every pass of that name)."),
-    "remove": ("list[str]", "Only with `extends`: names of parent passes to drop (every pass of that name)."),
+                           "of the plan's passes of that name (every pass of that name)."),
+    "remove": ("list[str]", "Only with `extends`: names of passes to drop (every pass of that name)."),
     "verify": (None, "`off`: no checks. `final`: on each graph's first call, compare the final graph with "
                      "the captured graph on the real inputs, and run the registered invariant checks after "
                      "every pass. `each`: the same, comparing the graph after every pass, so a mismatch "
@@ -195,9 +204,15 @@ def plan_reference(include_plugins: bool = False, registry: Registry | None = No
         "`pipeline plan resolve PLAN` prints the fully defaulted plan; `pipeline passes` prints the pass "
         "tables below for every installed plugin.",
         "",
-        "YAML is read with `yaml.SafeLoader` (a plan never executes code), with two differences: only "
-        "`true`/`false` are booleans (so `verify: off` is the string `off`), and a key given twice in one "
-        "mapping is an error.",
+        "YAML is read with `yaml.SafeLoader` (a plan never executes code), with these differences: plain "
+        "values resolve as in YAML 1.2's core schema, so only `true`/`false` are booleans (`verify: off` is "
+        "the string `off`), integers are decimal, `0o17` or `0x1F` (`010` is ten; `1:30`, `1_000` and "
+        "`2024-01-01` are strings) and `1e3` is a float; a key given twice in one mapping is an error. "
+        f"A plan file (or a plan given as a dict) is at most {MAX_PLAN_BYTES >> 10} KiB and {MAX_NODES} values "
+        f"(scalars, lists and mappings), a key or pass name at most {MAX_KEY_CHARS} characters, nesting at "
+        f"most {MAX_DEPTH} levels deep; float options must be "
+        "finite (no `.nan` or `.inf`; a `pad_value` may be infinite) and strings may not hold a NUL "
+        f"character. Errors quote at most {QUOTE_CHARS} characters of any value.",
         "",
         "## Top-level keys",
         "",
@@ -205,17 +220,27 @@ def plan_reference(include_plugins: bool = False, registry: Registry | None = No
         "",
         "## Extending a plan",
         "",
-        "With `extends`, scalar keys replace the parent's, `passes` replaces the whole list, `remove` then "
-        "drops passes by name, `options` then merges options into the remaining passes by name, and "
-        "`cache` and `expect` merge key by key. The same rules apply to the keyword overrides of "
-        "`compile_with_plan(model, plan, **overrides)` (where `extends` is not allowed).",
+        "With `extends`, scalar keys replace the parent's, `passes` replaces the whole list, `insert` then "
+        "puts passes before or after named ones, `remove` then drops passes by name, `options` then merges "
+        "options into the remaining passes by name, and `cache` and `expect` merge key by key. The same "
+        "rules apply to the keyword overrides of `compile_with_plan(model, plan, **overrides)` (where "
+        "`extends` is not allowed). To add a pass, insert it rather than restating the parent's `passes`: "
+        "a restated entry starts from the pass's defaults, and `pipeline plan validate` warns about every "
+        "option of the parent it drops that way.",
         "",
         "```yaml",
         "name: my-plan",
         "extends: default",
+        "insert:",
+        "  - after: codegen",
+        "    pass: matmul-template",
+        "    options: {choose: autotune}",
+        "  - after: dce",
+        "    occurrence: 2          # default runs dce twice: this is the second",
+        "    pass: constant-fold",
         "options:",
         "  capture: {fullgraph: true}",
-        "remove: [constant-fold]",
+        "remove: [pad-mm]",
         "verify: each",
         "```",
         "",

@@ -9,9 +9,15 @@ A pass declares its options like this::
 
 Supported field types: ``bool``, ``int``, ``float``, ``str``, ``Literal[...]``, ``X | None``,
 ``list[X]``, ``dict[str, X]`` and nested attrs classes built from the same.
+
+Checks every option gets, before its own ``check``: a float is finite (``.nan`` and ``.inf`` are
+rejected; an option where they mean something declares ``option(..., finite=False)``), and a string
+holds no NUL character (no path, name or pattern can contain one, and it would only fail later
+inside a compiler or the OS).
 """
 from __future__ import annotations
 
+import math
 import types
 import typing
 from typing import Any, Callable, Literal, Union
@@ -19,18 +25,38 @@ from typing import Any, Callable, Literal, Union
 import attrs
 
 from .errors import PlanError, did_you_mean, nearest
-from .yamlio import line_of
+from .yamlio import clip, line_of
 
 _NO_DEFAULT = attrs.NOTHING
 
 
-def option(default: Any, doc: str, *, check: Callable[[Any], str | None] | None = None) -> Any:
+def option(default: Any, doc: str, *, check: Callable[[Any], str | None] | None = None,
+           finite: bool = True) -> Any:
     """Declare one option: its default, a one-line doc, and an optional check returning an error
-    message (or None) for a well-typed but invalid value."""
+    message (or None) for a well-typed but invalid value. ``finite=False`` lets a float option (or
+    floats inside a list or mapping option) be NaN or infinite."""
+    metadata = {"doc": doc, "check": check, "finite": finite}
     if isinstance(default, (list, dict, set)):
         value = default
-        return attrs.field(factory=lambda: type(value)(value), metadata={"doc": doc, "check": check})
-    return attrs.field(default=default, metadata={"doc": doc, "check": check})
+        return attrs.field(factory=lambda: type(value)(value), metadata=metadata)
+    return attrs.field(default=default, metadata=metadata)
+
+
+def _non_finite(value: Any) -> float | None:
+    """The first NaN or infinite float in ``value`` (a converted option value), or None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else value
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    return next((bad for bad in map(_non_finite, items) if bad is not None), None)
+
+
+def yaml_float(value: float) -> str:
+    """A float as YAML spells it (``.nan``, ``-.inf``, ``1.5``)."""
+    if math.isnan(value):
+        return ".nan"
+    if math.isinf(value):
+        return ".inf" if value > 0 else "-.inf"
+    return repr(value)
 
 
 def positive(value: Any) -> str | None:
@@ -141,7 +167,9 @@ def _describe_value(value: Any) -> str:
     if kind is None:
         kind = "list" if isinstance(value, list) else "mapping" if isinstance(value, dict) else type(value).__name__
         return kind
-    return f"{kind} {value!r}" if value is not None else "null"
+    if value is None:
+        return "null"
+    return f"{kind} {yaml_float(value) if isinstance(value, float) else clip(repr(value))}"
 
 
 def structure(cls: type, data: Any, *, source: str | None, key: str | None,
@@ -170,9 +198,15 @@ def convert_fields(cls: type, data: Any, *, source: str | None, key: str | None,
         if name not in fields:
             valid = sorted(fields)
             hint = did_you_mean(str(name), valid) if valid else " (this takes no options)"
-            raise PlanError(f"unknown option '{name}'{hint}", file=source, line=name_line, key=path)
+            path = f"{key}.{clip(name)}" if key else clip(name)
+            raise PlanError(f"unknown option '{clip(name)}'{hint}", file=source, line=name_line, key=path)
         field = fields[name]
         value = _convert(hints[name], raw, source=source, key=path, line=name_line)
+        bad = _non_finite(value) if field.metadata.get("finite", True) else None
+        if bad is not None:
+            raise PlanError(f"expected a finite number, got {yaml_float(bad)} (NaN and infinity mean nothing "
+                            f"here{'; null means no value' if _allows_none(hints[name]) else ''})",
+                            file=source, line=name_line, key=path)
         check = field.metadata.get("check")
         if check is not None:
             problem = check(value)
@@ -180,6 +214,17 @@ def convert_fields(cls: type, data: Any, *, source: str | None, key: str | None,
                 raise PlanError(problem, file=source, line=name_line, key=path)
         values[name] = value
     return values
+
+
+def _allows_none(tp: Any) -> bool:
+    return typing.get_origin(tp) in (Union, types.UnionType) and type(None) in typing.get_args(tp)
+
+
+def _no_nul(text: str, *, source: str | None, key: str, line: int | None) -> str:
+    if "\x00" in text:
+        raise PlanError(f"a string in a plan cannot hold a NUL character (U+0000), as {clip(repr(text))} "
+                        f"does", file=source, line=line, key=key)
+    return text
 
 
 def _convert(tp: Any, raw: Any, *, source: str | None, key: str, line: int | None) -> Any:
@@ -200,7 +245,7 @@ def _convert(tp: Any, raw: Any, *, source: str | None, key: str, line: int | Non
         raise fail("a number")
     if tp is str:
         if isinstance(raw, str):
-            return raw
+            return _no_nul(raw, source=source, key=key, line=line)
         raise fail("a string")
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
@@ -238,7 +283,8 @@ def _convert(tp: Any, raw: Any, *, source: str | None, key: str, line: int | Non
             if not isinstance(k, str):
                 raise PlanError(f"keys must be strings, got {_describe_value(k)}", file=source,
                                 line=line_of(raw, k) or line, key=key)
-            out[k] = _convert(args[1], v, source=source, key=f"{key}.{k}", line=line_of(raw, k) or line)
+            _no_nul(k, source=source, key=key, line=line_of(raw, k) or line)
+            out[k] = _convert(args[1], v, source=source, key=f"{key}.{clip(k)}", line=line_of(raw, k) or line)
         return out
     if isinstance(tp, type) and attrs.has(tp):
         return structure(tp, raw, source=source, key=key, line=line)

@@ -74,6 +74,8 @@ class Registry:
         self.passes: dict[str, PassEntry] = {}
         self.plans: dict[str, PlanEntry] = {}
         self.invariants: dict[str, list[tuple[Any, PluginInfo]]] = {}
+        # Installed plugin distributions skipped because autoload is off (PIPELINE_DISABLE_PLUGIN_AUTOLOAD).
+        self.not_autoloaded: list[PluginInfo] = []
 
     # -- loading -------------------------------------------------------------------------------
     def add_plugin(self, obj: Any, *, distribution: str | None = None,
@@ -183,8 +185,19 @@ class Registry:
         return self.passes.get(name)
 
     def unknown_pass_hint(self, name: str) -> str:
-        """A ``; did you mean ...`` suffix for an unknown pass name (see :func:`did_you_mean`)."""
-        return did_you_mean(name, self.passes)
+        """A ``; did you mean ...`` suffix for an unknown pass name (see :func:`did_you_mean`), plus
+        :meth:`autoload_hint`."""
+        return did_you_mean(name, self.passes) + self.autoload_hint()
+
+    def autoload_hint(self) -> str:
+        """For an unknown pass or plan name: that plugin autoloading is off and which installed
+        plugin distributions it skipped (one may provide the name), or '' when it skipped none."""
+        if not self.not_autoloaded:
+            return ""
+        shown = ", ".join(str(info) for info in self.not_autoloaded)
+        return (f"; plugins are not autoloaded ({AUTOLOAD_ENV} is set), so these installed plugin "
+                f"distributions were not loaded: {shown}; unset {AUTOLOAD_ENV} to load them, or register "
+                f"one with pipeline.register_plugin(module)")
 
     def plugin_manager(self, extra: Iterable[Any] = ()) -> pluggy.PluginManager:
         """A fresh manager holding every loaded plugin plus ``extra`` (per-compile instruments)."""
@@ -238,6 +251,9 @@ def _load_registry() -> Registry:
         dist_name = dist.metadata["Name"] if dist is not None else None
         own = (dist_name or "").lower() == OWN_DISTRIBUTION or ep.value == BUILTIN_MODULE
         if not autoload and not own:
+            skipped = PluginInfo(module=ep.value, distribution=dist_name, version=dist.version if dist else None)
+            if skipped not in registry.not_autoloaded:
+                registry.not_autoloaded.append(skipped)
             continue
         try:
             obj = ep.load()

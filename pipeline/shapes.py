@@ -24,13 +24,14 @@ dimensions and outputs can name. ``resolve`` prints every axis under ``axes``.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import attrs
 
 from .errors import PlanError, did_you_mean
 from .options import convert_fields, option
-from .yamlio import line_of
+from .yamlio import clip, line_of
 
 SHAPES_KEYS = ("axes", "buckets", "outputs", "warmup", "after_warmup", "unknown_inputs")
 AXIS_KEYS = ("sizes", "multiple_of", "max")
@@ -134,8 +135,8 @@ def merge_shapes(base: ShapeSettings, raw: Any, *, source: str, line: int | None
                         file=source, line=line, key="shapes")
     for key in raw:
         if key not in SHAPES_KEYS:
-            raise PlanError(f"unknown key '{key}'{did_you_mean(str(key), SHAPES_KEYS)}", file=source,
-                            line=line_of(raw, key) or line, key=f"shapes.{key}")
+            raise PlanError(f"unknown key '{clip(key)}'{did_you_mean(str(key), SHAPES_KEYS)}", file=source,
+                            line=line_of(raw, key) or line, key=f"shapes.{clip(key)}")
     scalars = {k: raw[k] for k in ("warmup", "after_warmup", "unknown_inputs") if k in raw}
     values = convert_fields(_Scalars, scalars, source=source, key="shapes", line=line, lines=raw)
     where = _Where(source, raw, line)
@@ -216,8 +217,8 @@ def _size_list(value: Any, where: _Where, key: str) -> tuple[int, ...]:
         raise where.error("expected a non-empty list of sizes", key)
     for index, size in enumerate(value):
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise where.error(f"a bucket size is an integer of 1 or more, got {size!r}", f"{key}[{index}]",
-                              value, index)
+            raise where.error(f"a bucket size is an integer of 1 or more, got {clip(repr(size))}",
+                              f"{key}[{index}]", value, index)
     if len(value) > MAX_BUCKETS_PER_AXIS:
         raise where.error(f"more than {MAX_BUCKETS_PER_AXIS} sizes; declare fewer buckets", key)
     return tuple(sorted(set(value)))
@@ -230,8 +231,8 @@ def _parse_axis(entry: Any, where: _Where, key: str) -> Axis:
         raise where.error("an axis is a list of sizes or a mapping with sizes and/or multiple_of and max", key)
     for name in entry:
         if name not in AXIS_KEYS:
-            raise where.error(f"unknown key '{name}'{did_you_mean(str(name), AXIS_KEYS)}", f"{key}.{name}",
-                              entry, name)
+            raise where.error(f"unknown key '{clip(name)}'{did_you_mean(str(name), AXIS_KEYS)}",
+                              f"{key}.{clip(name)}", entry, name)
     sizes = _size_list(entry["sizes"], where.at(entry, "sizes"), f"{key}.sizes") if "sizes" in entry else ()
     multiple, largest = entry.get("multiple_of"), entry.get("max")
     if (multiple is None) != (largest is None):
@@ -240,7 +241,8 @@ def _parse_axis(entry: Any, where: _Where, key: str) -> Axis:
     if multiple is not None:
         for name, value in (("multiple_of", multiple), ("max", largest)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise where.error(f"expected an integer of 1 or more, got {value!r}", f"{key}.{name}", entry, name)
+                raise where.error(f"expected an integer of 1 or more, got {clip(repr(value))}", f"{key}.{name}",
+                                  entry, name)
         if largest % multiple:
             raise where.error(f"max ({largest}) must be a multiple of multiple_of ({multiple})", f"{key}.max",
                               entry, "max")
@@ -257,13 +259,13 @@ def _check_input_key(input_key: Any, where: _Where, key: str) -> None:
     if isinstance(input_key, int) and input_key < 0:
         raise where.error("an input position is 0 or more", key)
     if isinstance(input_key, str) and not input_key.isidentifier():
-        raise where.error(f"'{input_key}' is not a parameter name; name an input by its forward parameter "
+        raise where.error(f"'{clip(input_key)}' is not a parameter name; name an input by its forward parameter "
                           f"name or give its position as an integer", key)
 
 
 def _dim(dim: Any, where: _Where, key: str, container: Any) -> int:
     if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
-        raise where.error(f"a dimension is an integer of 0 or more, got {dim!r}", key, container, dim)
+        raise where.error(f"a dimension is an integer of 0 or more, got {clip(repr(dim))}", key, container, dim)
     return dim
 
 
@@ -282,12 +284,17 @@ def _parse_input(input_key: Any, dims: Any, where: _Where, key: str, axes: dict)
             if not isinstance(pad_value, (int, float, bool)):
                 raise here.error(f"pad_value is a number or true/false, got {type(pad_value).__name__}",
                                  f"{dim_key}.pad_value", spec, "pad_value")
+            if isinstance(pad_value, float) and math.isnan(pad_value):
+                # -inf and inf are fill values (additive masks); NaN would poison every reduction
+                # over the padded elements and make the plan unequal to itself.
+                raise here.error("pad_value cannot be NaN (.nan); padding is read by reductions over the "
+                                 "dimension", f"{dim_key}.pad_value", spec, "pad_value")
             spec = {k: v for k, v in spec.items() if k != "pad_value"}
         if isinstance(spec, dict) and "axis" in spec:
             extra = [k for k in spec if k != "axis"]
             if extra:
-                raise here.error(f"'{extra[0]}' cannot go with 'axis': the sizes are the named axis's",
-                                 f"{dim_key}.{extra[0]}")
+                raise here.error(f"'{clip(extra[0])}' cannot go with 'axis': the sizes are the named axis's",
+                                 f"{dim_key}.{clip(extra[0])}")
             spec = spec["axis"]
         if isinstance(spec, str):
             name = spec
@@ -307,7 +314,7 @@ def _parse_output(dims: Any, where: _Where, key: str) -> dict:
     for dim, axis in dims.items():
         _dim(dim, where, f"{key}.{dim}", dims)
         if not isinstance(axis, str):
-            raise where.error(f"expected an axis name, got {axis!r}", f"{key}.{dim}", dims, dim)
+            raise where.error(f"expected an axis name, got {clip(repr(axis))}", f"{key}.{dim}", dims, dim)
         out[dim] = axis
     return out
 
@@ -326,7 +333,7 @@ def _check_references(settings: ShapeSettings, where: _Where) -> None:
                 line = line_of(section_raw, entry_key) or line_of(raw, section) or where.line
                 choices = settings.axes if section == "buckets" else sorted(used)
                 what = "no axis" if section == "buckets" else "no input padded along the axis"
-                raise PlanError(f"{what} '{name}'{did_you_mean(name, choices)}", file=where.source,
+                raise PlanError(f"{what} '{clip(name)}'{did_you_mean(name, choices)}", file=where.source,
                                 line=line, key=f"shapes.{section}.{entry_key}.{dim}")
 
 

@@ -234,6 +234,7 @@ def assert_loads_or_located_error(folder: Path, files: list[tuple[str, bytes]]) 
         known = {**written, **builtins}
         assert exc.file in known, f"error names {exc.file!r}, not a file of the chain: {exc}"
         assert str(exc).startswith(f"{exc.file}"), str(exc)
+        assert len(exc.reason) <= 1000, f"an error quotes too much: {exc.reason[:2000]}"
         if exc.line is None:
             assert exc.reason.startswith("the plan is empty"), f"no line in: {exc}"
         else:
@@ -355,3 +356,138 @@ def test_billion_laughs_aliases_load_in_bounded_time(tmp_path):
     path.write_text("\n".join(lines) + "\n")
     exc = load_error(path)
     assert exc.line == 3 and exc.key == "l0"
+
+
+# -- size limits: rejected before the expensive work, quoted user text kept short ---------------
+import time  # noqa: E402
+
+import pytest  # noqa: E402
+
+from pipeline import yamlio  # noqa: E402
+from pipeline.yamlio import load_yaml  # noqa: E402
+
+
+LIMIT = f"{yamlio.MAX_PLAN_BYTES >> 10} KiB"
+
+
+def test_a_plan_file_over_the_size_limit_is_rejected_before_it_is_parsed(tmp_path):
+    path = tmp_path / "big.yaml"
+    path.write_text("name: big\npasses: [capture]\ndescription: " + "x" * (8 << 20) + "\n")
+    start = time.perf_counter()
+    exc = load_error(path)
+    assert time.perf_counter() - start < 5.0          # parsing it took over 20 s
+    assert (exc.file, exc.line) == (str(path), None)
+    assert f"at most {LIMIT}" in exc.reason and f"{path.stat().st_size} bytes" in exc.reason
+
+
+def test_a_plan_file_at_the_size_limit_loads(tmp_path, monkeypatch):
+    monkeypatch.setattr(yamlio, "MAX_PLAN_BYTES", 200)
+    text = "name: p\npasses: [capture]\ndescription: "
+    path = tmp_path / "edge.yaml"
+    path.write_text(text + "x" * (200 - len(text) - 1) + "\n")
+    assert len(path.read_bytes()) == 200
+    assert load_plan(path).name == "p"
+    path.write_text(text + "x" * (200 - len(text)) + "\n")
+    assert "at most 200 bytes" in load_error(path).reason
+
+
+def test_yaml_text_over_the_size_limit_is_rejected():
+    try:
+        load_yaml("a: " + "x" * (2 << 20), "<text>")
+    except PlanError as exc:
+        assert exc.file == "<text>" and f"at most {LIMIT}" in exc.reason
+    else:
+        raise AssertionError("2 MiB of YAML loaded")
+
+
+def test_a_plan_with_more_values_than_the_limit_stops_where_it_passes_it(tmp_path):
+    path = tmp_path / "many.yaml"
+    path.write_text("name: p\npasses:\n  - capture\n" + "  - dce\n" * (4 * yamlio.MAX_NODES))
+    exc = load_error(path)
+    assert exc.file == str(path) and f"more than {yamlio.MAX_NODES} YAML values" in exc.reason
+    assert exc.line <= yamlio.MAX_NODES          # of a file of 4 times as many lines: it stopped there
+
+
+def test_a_plan_of_many_aliases_counts_each_use(tmp_path):
+    path = tmp_path / "aliases.yaml"
+    path.write_text("name: p\npasses:\n  - capture\n  - &a dce\n" + "  - *a\n" * (2 * yamlio.MAX_NODES))
+    exc = load_error(path)
+    assert f"more than {yamlio.MAX_NODES} YAML values" in exc.reason and exc.line <= yamlio.MAX_NODES
+
+
+@pytest.mark.parametrize("plan", [
+    {"name": "p", "passes": ["capture"] + ["dce"] * 3_000_000},
+    {"name": "p", "passes": ["capture"] + ["dce"] * 6_000},
+    {"name": "p", "passes": ["capture", "x" * (10 << 20)]},
+    {"name": "p", "passes": ["capture"], "description": "x" * (2 << 20)},
+    {"name": "p", "passes": ["capture"], "expect": {f"k{i}": i for i in range(1_000_000)}},
+], ids=["3M passes", "6k passes", "10 MB pass name", "2 MiB description", "1M keys"])
+def test_a_dict_plan_over_the_limits_is_rejected_before_validation(plan):
+    start = time.perf_counter()
+    try:
+        load_plan(plan)
+    except PlanError as exc:
+        assert exc.file == "<dict>" and "a plan" in exc.reason, str(exc)[:300]
+        assert f"more than {yamlio.MAX_NODES} values" in exc.reason or f"more than {LIMIT}" in exc.reason
+        assert len(str(exc)) < 300
+    else:
+        raise AssertionError("a dict plan over the limit loaded")
+    assert time.perf_counter() - start < 2.0
+
+
+def test_overrides_over_the_limits_are_rejected():
+    exc = load_error_of("default", {"description": "x" * (2 << 20)})
+    assert exc.file == "<overrides>" and f"more than {LIMIT}" in exc.reason
+
+
+def test_a_dict_plan_that_contains_itself_is_an_error_not_a_hang():
+    plan: dict = {"name": "p", "passes": ["capture"]}
+    plan["expect"] = plan
+    assert load_error_of(plan).file == "<dict>"
+
+
+def load_error_of(plan, overrides=None) -> PlanError:
+    try:
+        load_plan(plan, overrides)
+    except PlanError as exc:
+        return exc
+    raise AssertionError("loaded")
+
+
+def test_a_key_longer_than_the_limit_names_its_line_without_repeating_it(tmp_path):
+    path = tmp_path / "key.yaml"
+    path.write_text("name: p\npasses: [capture]\n" + "k" * 300 + ": 1\n")
+    exc = load_error(path)
+    assert (exc.file, exc.line) == (str(path), 3)
+    assert "256 characters" in exc.reason and len(str(exc)) < 300
+
+
+def test_a_pass_name_longer_than_the_limit_is_not_repeated_whole(tmp_path):
+    path = tmp_path / "name.yaml"
+    path.write_text("name: p\npasses:\n  - capture\n  - " + "a" * 100_000 + "\n")
+    exc = load_error(path)
+    assert (exc.file, exc.line, exc.key) == (str(path), 4, "passes[1]")
+    assert "256 characters" in exc.reason and len(str(exc)) < 300
+
+
+def test_a_long_misspelled_value_is_quoted_cut_short(tmp_path):
+    path = tmp_path / "value.yaml"
+    path.write_text("name: p\npasses:\n  - capture: {frontend: " + "d" * 5000 + "}\n")
+    exc = load_error(path)
+    assert exc.line == 3 and len(str(exc)) < 300 and "..." in str(exc)
+    path.write_text("name: p\npasses: [capture]\nverify: " + "e" * 5000 + "\n")
+    exc = load_error(path)
+    assert exc.line == 3 and len(str(exc)) < 300 and "..." in str(exc)
+
+
+def test_long_unknown_names_are_quoted_cut_short(tmp_path):
+    name = "z" * 250
+    for text in (f"name: p\nextends: default\nremove: [{name}]\n",
+                 f"name: p\nextends: default\noptions:\n  {name}: {{}}\n",
+                 f"name: p\npasses:\n  - capture: {{{name}: 1}}\n",
+                 f"name: p\npasses:\n  - {name}\n",
+                 f"name: p\nextends: {name}\n"):
+        path = tmp_path / "unknown.yaml"
+        path.write_text(text)
+        exc = load_error(path)
+        assert len(str(exc)) < 500 and "..." in exc.reason, str(exc)[:600]

@@ -761,3 +761,169 @@ def test_damaged_plan_loads_or_raises_a_located_plan_error(tmp_path_factory, edi
 
 def test_plan_error_is_a_pipeline_error():
     assert issubclass(PlanError, pipeline.PipelineError)
+
+
+# -- values YAML 1.1 or Python would accept but no plan means -------------------------------------
+
+def _float_options() -> list[tuple[str, str]]:
+    """(section or pass, option) for every float-valued option a plan can set."""
+    import typing
+
+    import attrs
+
+    from pipeline.plan import Expectations
+    found = []
+    classes = [("expect", Expectations)] + [(name, entry.cls.Options)
+                                           for name, entry in sorted(pipeline.get_registry().passes.items())]
+    for owner, cls in classes:
+        hints = typing.get_type_hints(cls)
+        for field in attrs.fields(cls):
+            if float in (hints[field.name], *typing.get_args(hints[field.name])):
+                found.append((owner, field.name))
+    return found
+
+
+def test_there_are_float_options_to_check():
+    assert ("partition", "memory_budget") in _float_options()
+    assert ("expect", "max_compile_seconds") in _float_options()
+
+
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf"])
+@pytest.mark.parametrize("owner,name", _float_options())
+def test_every_float_option_rejects_nan_and_infinity(tmp_path, owner, name, value):
+    if owner == "expect":
+        text = f"name: p\npasses: [capture]\nexpect:\n  {name}: {value}\n"
+        key = f"expect.{name}"
+    else:
+        text = f"name: p\nextends: training\noptions:\n  {owner}:\n    {name}: {value}\n"
+        key = f"options.{owner}.{name}"
+        if owner not in load_plan("training").pass_names():
+            pytest.skip(f"{owner} is not in the training plan")
+    path = tmp_path / "plan.yaml"
+    path.write_text(text)
+    assert_located(load_error(path), path, 4 if owner == "expect" else 5, key, "a finite number")
+
+
+def test_memory_budget_nan_is_rejected_where_it_is_written(tmp_path):
+    path = write(tmp_path, """
+        name: p
+        passes:
+          - capture
+          - partition: {memory_budget: .nan}
+    """)
+    assert_located(load_error(path), path, 4, "passes[1].partition.memory_budget", "a finite number", ".nan")
+
+
+def test_a_nan_in_a_dict_plan_is_rejected_too():
+    exc = load_error("default", {"expect": {"max_compile_seconds": float("nan")}})
+    assert_located(exc, "<overrides>", None, "expect.max_compile_seconds", "a finite number")
+
+
+def test_a_nan_pad_value_is_rejected():
+    exc = load_error("default", {"shapes": {"buckets": {"x": {0: {"sizes": [1, 2], "pad_value": float("nan")}}}}})
+    assert exc.file == "<overrides>" and "pad_value" in str(exc) and "NaN" in str(exc)
+
+
+def test_an_infinite_pad_value_is_allowed_for_masks():
+    plan = load_plan("default", {"shapes": {"buckets": {"x": {0: {"sizes": [1, 2], "pad_value": float("-inf")}}}}})
+    assert plan.shapes.buckets["x"][0].pad_value == float("-inf")
+
+
+def test_a_nul_character_in_cache_dir_is_rejected_at_load(tmp_path):
+    path = write(tmp_path, """
+        name: p
+        passes: [capture]
+        cache:
+          dir: "/tmp/a\\0b"
+    """)
+    assert_located(load_error(path), path, 4, "cache.dir", "NUL")
+
+
+def test_a_nul_character_in_a_dict_plan_string_is_rejected():
+    exc = load_error("default", {"cache": {"dir": "/tmp/a\x00b"}})
+    assert_located(exc, "<overrides>", None, "cache.dir", "NUL")
+
+
+def test_a_sexagesimal_looking_value_is_a_string_not_a_number(tmp_path):
+    path = write(tmp_path, """
+        name: p
+        passes:
+          - capture: {recompile_limit: 1:30}
+    """)
+    assert_located(load_error(path), path, 3, "passes[0].capture.recompile_limit",
+                   "expected an integer, got string '1:30'")
+    described = write(tmp_path, """
+        name: p
+        description: 1:30
+        passes: [capture]
+    """, name="described.yaml")
+    assert load_plan(described).description == "1:30"
+
+
+def test_numbers_are_read_as_yaml_1_2_reads_them(tmp_path):
+    path = write(tmp_path, """
+        name: 2024-01-01
+        passes:
+          - capture: {recompile_limit: 010}
+        expect: {max_compile_seconds: 1e3, max_kernels: 1_000}
+    """)
+    exc = load_error(path)
+    assert_located(exc, path, 4, "expect.max_kernels", "expected an integer, got string '1_000'")
+    path.write_text(path.read_text().replace(", max_kernels: 1_000", ""))
+    plan = load_plan(path)
+    assert (plan.name, plan.passes[0].options.recompile_limit, plan.expect.max_compile_seconds) == \
+        ("2024-01-01", 10, 1000.0)
+
+
+def test_strings_that_look_like_yaml_1_2_numbers_round_trip(tmp_path):
+    from pipeline.plan_text import resolve_text
+    plan = load_plan({"name": "1e3", "description": "0o17", "passes": ["capture"]})
+    path = tmp_path / "resolved.yaml"
+    path.write_text(resolve_text(plan))
+    assert load_plan(path) == plan
+
+
+# -- plugins installed but not loaded ---------------------------------------------------------------
+
+@pytest.fixture
+def disabled_plugin(monkeypatch):
+    """An installed distribution in the ``pipeline.plugins`` group, with autoload switched off."""
+    import importlib.metadata
+    import types
+
+    real = importlib.metadata.entry_points
+    dist = types.SimpleNamespace(metadata={"Name": "pipeline-reduction-rewrites"}, version="0.1.0")
+    fake = types.SimpleNamespace(name="reduction-rewrites", value="reduction_rewrites",
+                                 group="pipeline.plugins", dist=dist,
+                                 load=lambda: pytest.fail("a disabled plugin was imported"))
+
+    def entry_points(**kwargs):
+        found = list(real(**kwargs))
+        return found + [fake] if kwargs.get("group") == "pipeline.plugins" else found
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
+    monkeypatch.setenv("PIPELINE_DISABLE_PLUGIN_AUTOLOAD", "1")
+    pipeline.reload_registry()
+    yield
+    monkeypatch.undo()
+    pipeline.reload_registry()
+
+
+def test_an_unknown_plan_says_installed_plugins_are_not_autoloaded(tmp_path, disabled_plugin):
+    path = write(tmp_path, """
+        name: p
+        extends: fusable-reductions
+    """)
+    assert_located(load_error(path), path, 2, "extends", "no plan named 'fusable-reductions'",
+                   "PIPELINE_DISABLE_PLUGIN_AUTOLOAD", "pipeline-reduction-rewrites 0.1.0 (reduction_rewrites)")
+
+
+def test_an_unknown_pass_says_installed_plugins_are_not_autoloaded(disabled_plugin):
+    exc = load_error({"name": "p", "passes": ["capture", "fusable-reductions"]})
+    assert_located(exc, "<dict>", None, "passes[1]", "unknown pass 'fusable-reductions'",
+                   "PIPELINE_DISABLE_PLUGIN_AUTOLOAD", "pipeline-reduction-rewrites")
+
+
+def test_with_autoload_on_an_unknown_plan_mentions_no_plugins(tmp_path):
+    exc = load_error({"name": "p", "extends": "fusable-reductionz"})
+    assert "AUTOLOAD" not in str(exc)
