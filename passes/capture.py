@@ -13,6 +13,7 @@ from pipeline import CaptureContext, CapturePass, GraphCompiler, option, positiv
 from pipeline import compat
 from pipeline.errors import GraphBreakError, PipelineError, RecompileError
 
+from .capture_checks import EagerRejected, eager_rejection
 from .regions import with_own_code
 
 
@@ -27,7 +28,8 @@ class CaptureOptions:
     recompile_limit: int = option(8, "Most compiled variants per function before the limit is hit.",
                                   check=positive)
     on_recompile_limit: Literal["error", "warn"] = option(
-        "error", "error: hitting the recompile limit raises; warn: Dynamo warns and runs eagerly.")
+        "warn", "warn (torch.compile's behaviour): hitting the recompile limit warns once, runs new variants "
+                "eagerly and records the fallback in the compile record; error: it raises RecompileError.")
     stance: Literal["default", "force_eager", "eager_on_recompile", "fail_on_recompile"] = option(
         "default", "torch.compiler stance applied to every call of the compiled model.")
     strict: bool = option(False, "export only: use strict (Dynamo-based) export tracing.")
@@ -45,6 +47,10 @@ class CaptureOptions:
                 "nn.Module.__call__ and compiles only the class's forward; auto is eager for FSDP2 "
                 "(fully_shard) blocks, whose hooks Dynamo cannot trace, and compiled otherwise "
                 "(docs/distributed.md).")
+    trace_numpy: bool = option(
+        False, "dynamo only: true traces NumPy calls into torch operators (torch.compile's default), which also "
+               "turns a NumPy array passed where a tensor is expected into a tensor where eager raises; false runs "
+               "NumPy code as NumPy, eagerly, as the model does without compiling.")
     direct_calls: bool = option(
         True, "dynamo only: a call whose guards pass runs the cached compiled code directly, skipping Dynamo's "
               "per-call wrappers (12 µs a call on a small CPU MLP; the guards checked are Dynamo's own). "
@@ -54,7 +60,7 @@ class CaptureOptions:
         True, "dynamo only: guards skip the checks under a module whose dictionaries (parameters, buffers, "
               "submodules, attributes) are untouched since the last call (Dynamo's "
               "use_recursive_dict_tags_for_guards; it already does so for a dictionary's own tensors). A "
-              "process-wide Dynamo setting, applied when this plan compiles.")
+              "process-wide Dynamo setting, applied while this plan's model is called and restored after.")
 
 
 class Capture(CapturePass):
@@ -62,7 +68,7 @@ class Capture(CapturePass):
 
     name = "capture"
     Options = CaptureOptions
-    version = "3"
+    version = "4"
     provides = frozenset({"captured"})
 
     def capture(self, fn: Callable, compile_graph: GraphCompiler, context: CaptureContext) -> Callable:
@@ -79,11 +85,15 @@ class Capture(CapturePass):
 
         def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
             nonlocal failures_seen
+            reasons = compat.new_guard_failures(failures_seen)
+            failures_seen = compat.guard_failure_counts()
+            rejected = eager_rejection(gm)
+            if rejected is not None:     # eager's own error, raised before anything compiles
+                raise EagerRejected(rejected)
             compile_id = compat.current_compile_id()
             if compile_id is not None and compile_id[1] > 0:
-                reasons = compat.new_guard_failures(failures_seen) or ["guard failed (reason not recorded)"]
-                context.record_recompile(reasons[-1])
-            failures_seen = compat.guard_failure_counts()
+                context.record_recompile(compat.recompile_reason(reasons, compile_id[0])
+                                         or (reasons[0] if reasons else "guard failed (reason not recorded)"))
             return compile_graph(gm, example_inputs)
 
         sharded: list = []
@@ -113,11 +123,12 @@ class Capture(CapturePass):
         refused = compat.recompile_error_types()
         backend_failed = compat.backend_failure_types()
 
-        def apply() -> None:
-            # The plan's declared shape buckets (context.planned_variants) are variants on purpose.
-            compat.apply_dynamo_settings(recompile_limit=opts.recompile_limit + context.planned_variants,
+        # The plan's declared shape buckets (context.planned_variants) are variants on purpose.
+        settings = compat.DynamoSettings(recompile_limit=opts.recompile_limit + context.planned_variants,
                                          fail_on_limit=opts.on_recompile_limit == "error",
-                                         ignore_logging=ignored_logging, dict_tag_guards=opts.dict_tag_guards)
+                                         ignore_logging=ignored_logging, dict_tag_guards=opts.dict_tag_guards,
+                                         trace_numpy=opts.trace_numpy)
+        compiled_name = getattr(getattr(target, "__code__", None), "co_name", None) if not opts.regions else None
 
         if opts.stance != "default":
             inner = optimized
@@ -138,16 +149,19 @@ class Capture(CapturePass):
                 out = direct(args, kwargs)
                 if out is not compat.MISS:
                     return out
-            apply()
             hits = compat.recompile_limit_hit_count()
             try:
-                out = optimized(*args, **kwargs)
+                with settings:
+                    out = optimized(*args, **kwargs)
             except PipelineError:
                 raise
             except backend_failed as exc:
                 inner = getattr(exc, "inner_exception", None) or exc.__cause__
+                if isinstance(inner, EagerRejected):
+                    raise inner.error.with_traceback(None) from None
                 if isinstance(inner, PipelineError):
-                    raise inner from None
+                    # Our own error, without Dynamo's wrapper, keeping its cause (a plugin's traceback).
+                    raise inner from inner.__cause__
                 raise
             except unsupported as exc:
                 if not opts.fullgraph:
@@ -159,12 +173,17 @@ class Capture(CapturePass):
                 if compat.is_refused_recompile(exc):
                     raise RecompileError(_recompile_message(exc, opts)) from None
                 raise
-            if compat.recompile_limit_hit_count() != hits:   # on_recompile_limit: warn, and Dynamo gave up
+            # on_recompile_limit: warn, and Dynamo gave up. (Under error, the thread that hit the
+            # limit got the RecompileError; the count is process-wide, so other threads see it too.)
+            if opts.on_recompile_limit == "warn" and compat.recompile_limit_hit_count() != hits:
                 for hit in compat.recompile_limit_hits(hits):
-                    warnings.warn(f"pipeline: capture hit its recompile limit (capture.recompile_limit "
-                                  f"{opts.recompile_limit}, on_recompile_limit: warn), so new variants run "
-                                  f"eagerly: {hit}. Raise the limit, declare shape buckets, or make the "
-                                  f"changing dimension dynamic.", stacklevel=3)
+                    if compiled_name is not None and compiled_name not in hit:
+                        continue      # another compiled function (another thread) hit its limit
+                    reason = (f"capture hit its recompile limit (capture.recompile_limit {opts.recompile_limit}, "
+                              f"on_recompile_limit: {opts.on_recompile_limit}), so new variants run eagerly: {hit}")
+                    if context.record_fallback(reason):
+                        warnings.warn(f"pipeline: {reason}. Raise the limit, declare shape buckets, or make the "
+                                      f"changing dimension dynamic.", stacklevel=3)
             return out
 
         return run
@@ -234,7 +253,8 @@ class _ExportRunner:
         key = (spec, tuple(_meta_key(v) for v in flat))
         compiled = self.variants.get(key)
         if compiled is None:
-            compiled = self._compile(key, args, kwargs, flat)
+            with compat.compile_lock():      # export traces with process-wide state, as Dynamo does
+                compiled = self._compile(key, args, kwargs, flat)
             if compiled is None:
                 return self.fn(*args, **kwargs)
         out = compiled(*[v for v in flat if isinstance(v, torch.Tensor)])

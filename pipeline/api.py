@@ -83,6 +83,7 @@ def compile_under(model: Any, compilation: Compilation) -> Any:
         compiled = _shallow_copy(model)
         compiled._compiled_call_impl = call_compiled
         object.__setattr__(compiled, _ATTR, compilation)
+        _bind_instance_methods(compiled, model, compilation.plan)
         return compiled
 
     if not callable(model):
@@ -110,6 +111,32 @@ def _shallow_copy(module: torch.nn.Module) -> torch.nn.Module:
     compiled = object.__new__(type(module))
     compiled.__dict__.update(module.__dict__)
     return compiled
+
+
+def _bind_instance_methods(compiled: torch.nn.Module, model: torch.nn.Module, plan: Plan) -> None:
+    """What the compiled copy does differently from its class, set on the instance alone:
+
+    - ``train(mode)`` (and so ``eval()``) sets the mode of ``model`` too, whose ``forward`` the
+      compiled graphs trace and whose own ``training`` flag it reads (submodules are shared
+      anyway), as torch.compile's wrapper does for its original module;
+    - ``copy.copy``, ``copy.deepcopy``, ``pickle`` and ``torch.save`` copy ``model`` and the
+      resolved plan, and the copy is compiled again (lazily, on its first call): a checkpoint of
+      the whole compiled model, or an EMA copy of it, is a working compiled model."""
+    def train(mode: bool = True) -> torch.nn.Module:
+        type(model).train(model, mode)
+        type(compiled).train(compiled, mode)
+        return compiled
+
+    def reduce_ex(protocol: int) -> tuple:
+        return (_compiled_again, (model, plan.to_data()))
+
+    compiled.__dict__["train"] = train
+    compiled.__dict__["__reduce_ex__"] = reduce_ex
+
+
+def _compiled_again(model: torch.nn.Module, plan: dict) -> torch.nn.Module:
+    """A copied compiled module: ``model`` compiled with the plan the original was compiled with."""
+    return compile_with_plan(model, plan)
 
 
 def compilation_of(compiled: Any) -> Compilation:

@@ -11,6 +11,11 @@ A graph's key (:func:`graph_key`) hashes everything that can change what the pas
 - the captured graph as data (operators by name, arguments, tensor constants by content) and the
   metadata of its example inputs (shapes with symbolic sizes by name, strides, dtypes, devices,
   whether Dynamo marked an input static);
+- for symbolic sizes, what the shape environment knows about them when the graph is captured:
+  every guard, every replacement and each symbol's value range (two graphs of the same
+  operators over the same symbol names, captured under different assumptions, never share an
+  entry). The guards the passes themselves add are stored in the entry and assumed again when
+  it is loaded; an entry whose guards do not hold for the sizes at hand is not used;
 - the resolved plan (:meth:`Plan.to_data`, less its ``cache`` section, which says where entries
   live, not what they hold), the graph's role (inference, forward, backward) and target;
 - every pass's ``version`` and its plugin's distribution and version, and a hash of the source
@@ -47,6 +52,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from . import compat
 
 ENV_DIR = "PIPELINE_CACHE_DIR"
 #: ``0``/``off`` turns the compiled-graph cache off in this process (a kill switch for debugging
@@ -228,6 +235,7 @@ def key_material(gm: torch.fx.GraphModule, example_inputs: list, *, plan: Any, p
         "graph": graph,
         "inputs": [_backward_input(input_metadata(v)) if role == "backward" else input_metadata(v)
                    for v in example_inputs],
+        "shapes": compat.shape_facts(example_inputs),
         "role": role,
         "target": target,
         "plan": plan_data,

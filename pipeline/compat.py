@@ -12,7 +12,7 @@ import torch
 import torch.fx
 
 from .compat_dynamo import (  # noqa: F401  (re-exported: callers import one compatibility module)
-    DIRECT_STANCES, MISS, STANCES, DirectCall, ReusableStance, apply_dynamo_settings, backend_failure_types,
+    DIRECT_STANCES, MISS, STANCES, DirectCall, DynamoSettings, ReusableStance, backend_failure_types, compile_lock,
     current_stance, dynamo_compile, graph_break_counts, is_refused_recompile, logger_functions, logging_can_be_ignored,
     max_variants_per_function, recompile_error_types, recompile_limit_hit_count, recompile_limit_hits,
     reset_dynamo, stance, unsupported_error_types)
@@ -36,6 +36,22 @@ def as_fake(values: list, fake_mode=None) -> list:
             for v in values]
 
 
+def backend_inputs(gm: torch.fx.GraphModule, example_inputs: list) -> list:
+    """The example inputs a Dynamo backend should trace ``gm`` with: tensors as fakes of the
+    backend's fake mode (their symbolic sizes kept), and each size placeholder as the symbol
+    Dynamo traced it with (Dynamo hands over the real int it saw, which would bake this call's
+    size into every graph traced from it)."""
+    values = as_fake(list(example_inputs))
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    if len(placeholders) != len(values):
+        return values
+    out = []
+    for node, value in zip(placeholders, values):
+        symbol = node.meta.get("example_value", node.meta.get("val"))
+        out.append(symbol if isinstance(symbol, (torch.SymInt, torch.SymFloat, torch.SymBool)) else value)
+    return out
+
+
 def is_fake(value: Any) -> bool:
     """True for a fake tensor (metadata only, no storage), as Dynamo and ``make_fx`` hand out."""
     from torch._subclasses.fake_tensor import FakeTensor
@@ -45,33 +61,75 @@ def is_fake(value: Any) -> bool:
 def retrace(fn: Callable, example_inputs: list, *, decompositions: dict | None = None,
             functionalize: bool = False, remove: str = "mutations") -> torch.fx.GraphModule:
     """Trace ``fn`` to an ATen-level FX graph with ``make_fx`` on ``example_inputs`` (fake or real),
-    optionally through functionalization and a decomposition table.
+    optionally through functionalization and a decomposition table. Symbolic sizes of fake
+    inputs (and size placeholders given as symbols) stay symbolic in the traced graph.
 
-    Functionalization runs with the Python dispatcher on, as AOTAutograd runs it: then
-    ``native_batch_norm`` (whose schema hides its in-place update of the running statistics)
-    traces as ``_native_batch_norm_legit``, whose schema declares it, so the update is
-    functionalized instead of being left as a hidden mutation."""
+    Functionalization is torch's Python functionalization (``FunctionalTensorMode``, what
+    AOTAutograd runs; ``torch.func.functionalize`` loses symbolic sizes), with the Python
+    dispatcher on: then ``native_batch_norm`` (whose schema hides its in-place update of the
+    running statistics) traces as ``_native_batch_norm_legit``, whose schema declares it, so the
+    update is functionalized instead of being left as a hidden mutation. Writes into inputs
+    become one ``copy_`` into the input at the end of the graph. ``remove="mutations_and_views"``
+    also turns every view into its ``*_copy`` operator."""
     from torch.fx.experimental.proxy_tensor import make_fx
     target = fn
     dispatcher = contextlib.nullcontext()
     if functionalize:
         from torch._dispatch.python import enable_python_dispatcher
-        from torch.func import functionalize as _functionalize
-        target = _functionalize(fn, remove=remove)
+        target = _functionalized(fn)
         dispatcher = enable_python_dispatcher()
     fake_mode = fake_mode_of(example_inputs)
     if fake_mode is None:
         with dispatcher:
-            return make_fx(target, decomposition_table=decompositions or {}, tracing_mode="real")(*example_inputs)
-    # Graph constants (folded tensors, buffers kept as attributes) are real tensors; the fake mode
-    # converts them on the fly while tracing.
-    allowed = fake_mode.allow_non_fake_inputs
-    fake_mode.allow_non_fake_inputs = True
-    try:
-        with fake_mode, dispatcher:
-            return make_fx(target, decomposition_table=decompositions or {}, tracing_mode="real")(*example_inputs)
-    finally:
-        fake_mode.allow_non_fake_inputs = allowed
+            traced = make_fx(target, decomposition_table=decompositions or {}, tracing_mode="real")(*example_inputs)
+    else:
+        # Graph constants (folded tensors, buffers kept as attributes) are real tensors; the fake
+        # mode converts them on the fly while tracing.
+        allowed = fake_mode.allow_non_fake_inputs
+        fake_mode.allow_non_fake_inputs = True
+        try:
+            with fake_mode, dispatcher:
+                traced = make_fx(target, decomposition_table=decompositions or {}, tracing_mode="real")(*example_inputs)
+        finally:
+            fake_mode.allow_non_fake_inputs = allowed
+    if functionalize and remove == "mutations_and_views":
+        _views_to_copies(traced)
+    return traced
+
+
+def _functionalized(fn: Callable) -> Callable:
+    """``fn`` run under Python functionalization: in-place ops become out-of-place ones, and an
+    input that was written is updated with one ``copy_`` of its final value."""
+    from torch._functorch._aot_autograd.functional_utils import from_fun, has_data_mutation, to_fun
+    from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+
+    def functional(*args: Any) -> Any:
+        with FunctionalTensorMode():
+            wrapped = [to_fun(a) for a in args]
+            out = fn(*wrapped)
+        flat, spec = torch.utils._pytree.tree_flatten(out)
+        flat = [from_fun(o) for o in flat]
+        for arg, fun in zip(args, wrapped):
+            if isinstance(fun, FunctionalTensor):
+                torch._sync(fun)
+                if has_data_mutation(fun):
+                    arg.copy_(from_fun(fun))
+        return torch.utils._pytree.tree_unflatten(flat, spec)
+
+    return functional
+
+
+def _views_to_copies(gm: torch.fx.GraphModule) -> None:
+    """Replace every view operator of ``gm`` by its ``*_copy`` counterpart (``view`` by
+    ``view_copy``), which materializes its result instead of aliasing."""
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not is_view_op(node.target):
+            continue
+        schema_name = node.target._schema.name.split("::")[-1]
+        copy = resolve_op(f"{node.target.namespace}.{schema_name}_copy.{node.target._overloadname}")
+        if copy is not None:
+            node.target = copy
+    gm.recompile()
 
 
 # -- operators and decomposition tables --------------------------------------------------------
@@ -310,6 +368,22 @@ def new_guard_failures(before: dict[Any, int]) -> list[str]:
     return out
 
 
+def recompile_reason(reasons: list[str], frame_id: int) -> str | None:
+    """Of the guard failures a recompile of frame ``frame_id`` produced (one per compiled variant
+    it already had, each starting with that variant's ``frame/compile`` id), the failure of the
+    newest variant: the guard that this call's change broke. Older variants fail on older guards
+    (the first call's sizes, say), which are not why this call recompiled."""
+    best: tuple[int, str] | None = None
+    for reason in reasons:
+        head = reason.split(":", 1)[0].strip()
+        parts = head.split("/")
+        if len(parts) != 2 or not all(p.isdigit() for p in parts) or int(parts[0]) != frame_id:
+            continue
+        if best is None or int(parts[1]) > best[0]:
+            best = (int(parts[1]), reason)
+    return best[1] if best is not None else None
+
+
 @contextlib.contextmanager
 def real_tensors() -> Iterator[None]:
     """Run real computations even while a compile's fake-tensor mode is active."""
@@ -323,6 +397,80 @@ def fake_copies(values: list) -> list:
     from torch._subclasses.fake_tensor import FakeTensorMode
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     return [mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for v in values]
+
+
+# -- the shape environment of symbolic sizes -----------------------------------------------------
+def _shape_env(values: list) -> Any:
+    mode = fake_mode_of(values)
+    return getattr(mode, "shape_env", None) if mode is not None else None
+
+
+def _free_symbols(values: list) -> set:
+    found: set = set()
+    for value in values:
+        sizes: list = []
+        if isinstance(value, torch.Tensor):
+            sizes = [*value.shape, *value.stride(), value.storage_offset()]
+        elif isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            sizes = [value]
+        for size in sizes:
+            if isinstance(size, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                found |= set(size.node.expr.free_symbols)
+    return found
+
+
+def shape_facts(values: list) -> dict | None:
+    """What the shape environment of ``values`` (fake tensors and size symbols) knows that a graph
+    traced from them can depend on: every guard so far, every replacement (one symbol found equal
+    to an expression of others) and the value range of each symbol the values use. None when the
+    values have no symbolic sizes."""
+    env = _shape_env(values)
+    symbols = _free_symbols(values)
+    if env is None or not symbols:
+        return None
+    ranges = getattr(env, "var_to_range", {})
+    return {
+        "guards": sorted({str(g.expr) for g in getattr(env, "guards", [])}),
+        "replacements": sorted(f"{k} = {v}" for k, v in getattr(env, "replacements", {}).items()),
+        "ranges": {str(s): [str(ranges[s].lower), str(ranges[s].upper)] if s in ranges else None
+                   for s in sorted(symbols, key=str)},
+    }
+
+
+def shape_guard_count(values: list) -> int:
+    """How many guards the shape environment of ``values`` holds (0 without one)."""
+    env = _shape_env(values)
+    return len(getattr(env, "guards", [])) if env is not None else 0
+
+
+def shape_guards_since(values: list, count: int) -> list[str]:
+    """The guards added to the shape environment of ``values`` after its first ``count`` (what
+    compiling a graph assumed about its symbolic sizes), as expressions that must hold."""
+    env = _shape_env(values)
+    if env is None:
+        return []
+    return [str(g.expr) for g in getattr(env, "guards", [])[count:]]
+
+
+def replay_shape_guards(values: list, guards: list[str]) -> str | None:
+    """Assume ``guards`` again in the shape environment of ``values`` (a graph rebuilt from the
+    cache skips the passes that made them, but Dynamo must still check them on later calls).
+    Returns None when every one holds for the sizes at hand, else the first that does not."""
+    if not guards:
+        return None
+    env = _shape_env(values)
+    if env is None:
+        return guards[0]
+    import sympy
+    names = {str(s): s for s in getattr(env, "var_to_range", {})}
+    for text in guards:
+        try:
+            expr = sympy.sympify(text, locals=names)
+            if not bool(env.evaluate_expr(expr)):
+                return text
+        except Exception:  # noqa: BLE001 - a guard that cannot be replayed means: compile again
+            return text
+    return None
 
 
 # -- what Dynamo knows about a captured graph (reports, explain) --------------------------------

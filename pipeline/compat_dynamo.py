@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import threading
 import types
 from typing import Any, Callable
 
@@ -16,37 +17,82 @@ def dynamo_compile(fn: Callable, backend: Callable, *, fullgraph: bool, dynamic:
     return torch.compile(fn, backend=backend, fullgraph=fullgraph, dynamic=dynamic)
 
 
-_applied_settings: tuple | None = None
+_own_compile_lock = threading.RLock()
 
 
-def apply_dynamo_settings(*, recompile_limit: int, fail_on_limit: bool,
-                          ignore_logging: frozenset = frozenset(), dict_tag_guards: bool = False) -> None:
-    """Make Dynamo's recompile limit and limit policy those of the plan being called, the
-    logging functions (:func:`logger_functions`) that traced code skips instead of breaking the
-    graph at (``ignore_logging``), and whether guards skip a module subtree whose dictionaries
-    are unchanged since the last call (``dict_tag_guards``: Dynamo's
-    ``use_recursive_dict_tags_for_guards``, which extends the tag check Dynamo already makes for
-    a dictionary's tensors to nested modules).
+def compile_lock() -> Any:
+    """The lock Dynamo holds while it compiles a frame (re-entrant), for compiles that run outside
+    Dynamo: a training graph's backward, compiled lazily when autograd first runs it, and
+    ``torch.export`` captures. Tracing (``make_fx``, FX's tracer) patches ``torch.nn.Module``
+    process-wide while it runs, so it must never overlap Dynamo tracing in another thread."""
+    from torch._dynamo import convert_frame
+    return getattr(convert_frame, "compile_lock", _own_compile_lock)
 
-    These are process-wide Dynamo settings, read when a frame misses its cache. Writing them
-    costs microseconds, so they are written only when the last plan applied had other values
-    (code that edits ``torch._dynamo.config`` directly is not watched)."""
-    global _applied_settings
-    wanted = (recompile_limit, fail_on_limit, ignore_logging, dict_tag_guards)
-    if _applied_settings == wanted:
-        return
-    config = torch._dynamo.config
-    config.recompile_limit = recompile_limit
-    if hasattr(config, "use_recursive_dict_tags_for_guards"):
-        config.use_recursive_dict_tags_for_guards = dict_tag_guards
-    if hasattr(config, "fail_on_recompile_limit_hit"):
-        config.fail_on_recompile_limit_hit = fail_on_limit
-    if hasattr(config, "ignore_logging_functions"):
-        previous = _applied_settings[2] if _applied_settings is not None else frozenset()   # ours, last call
-        config.ignore_logging_functions = (set(config.ignore_logging_functions) - previous) | ignore_logging
-        if ignore_logging:
+
+class DynamoSettings:
+    """Dynamo's process-wide settings a plan needs while its model is called: the recompile limit
+    and its policy (``fail_on_recompile_limit_hit``), the logging functions traced code skips
+    instead of breaking the graph at (``ignore_logging``, see :func:`logger_functions`), and
+    whether guards skip a module subtree whose dictionaries are unchanged since the last call
+    (``dict_tag_guards``: Dynamo's ``use_recursive_dict_tags_for_guards``), and whether NumPy calls
+    are traced into torch operators (``trace_numpy``); and Dynamo ignores FX's process-wide
+    tracing flag, which another thread's compile sets while it traces.
+
+    Used as a context manager around each call that may compile (Dynamo reads these when a frame
+    misses its cache): entering sets them, leaving the last active call restores what they were,
+    so nothing outlives the call that needed it and an unrelated ``torch.compile`` keeps
+    Dynamo's defaults. Calls overlapping in several threads share one setting of the values (the
+    last plan entered wins while they overlap) and the first values are restored when the last
+    one leaves. Settings this torch's Dynamo lacks are skipped."""
+
+    _lock = threading.Lock()
+    _active = 0
+    _saved: dict[str, Any] = {}
+
+    def __init__(self, *, recompile_limit: int, fail_on_limit: bool, ignore_logging: frozenset = frozenset(),
+                 dict_tag_guards: bool = False, trace_numpy: bool = True):
+        config = torch._dynamo.config
+        wanted: dict[str, Any] = {"recompile_limit": recompile_limit}
+        if hasattr(config, "trace_numpy"):
+            wanted["trace_numpy"] = trace_numpy
+        if hasattr(config, "force_compile_during_fx_trace"):
+            # FX's "tracing now" flag is process-wide: another thread's make_fx (a backward graph
+            # compiling lazily) must not turn this thread's call into "nested FX tracing".
+            wanted["force_compile_during_fx_trace"] = True
+        if hasattr(config, "fail_on_recompile_limit_hit"):
+            wanted["fail_on_recompile_limit_hit"] = fail_on_limit
+        if hasattr(config, "use_recursive_dict_tags_for_guards"):
+            wanted["use_recursive_dict_tags_for_guards"] = dict_tag_guards
+        self._ignore_logging = ignore_logging if hasattr(config, "ignore_logging_functions") else frozenset()
+        if self._ignore_logging:
             _quiet_metrics_config_error()
-    _applied_settings = wanted
+        self._wanted = wanted
+
+    def __enter__(self) -> None:
+        config = torch._dynamo.config
+        cls = DynamoSettings
+        with cls._lock:
+            if cls._active == 0:
+                cls._saved = {name: getattr(config, name) for name in self._wanted}
+                if self._ignore_logging:
+                    cls._saved["ignore_logging_functions"] = set(config.ignore_logging_functions)
+            cls._active += 1
+            for name, value in self._wanted.items():
+                if getattr(config, name) != value:
+                    setattr(config, name, value)
+            if self._ignore_logging and not self._ignore_logging <= config.ignore_logging_functions:
+                config.ignore_logging_functions = set(config.ignore_logging_functions) | self._ignore_logging
+
+    def __exit__(self, *exc: Any) -> None:
+        config = torch._dynamo.config
+        cls = DynamoSettings
+        with cls._lock:
+            cls._active -= 1
+            if cls._active == 0:
+                for name, value in cls._saved.items():
+                    if getattr(config, name) != value:
+                        setattr(config, name, value)
+                cls._saved = {}
 
 
 _METRICS_LOGGER = "torch._dynamo.metrics_context"

@@ -69,6 +69,7 @@ class Compilation:
         self.graph_breaks: list[str] = []
         self.captures: list[dict] = []   # what Dynamo said about each captured graph (compat.capture_details)
         self.recompiles: list[str] = []
+        self.fallbacks: list[dict] = []   # calls run eagerly for a reason no single graph has (capture's recompile limit)
         self.warmup: dict | None = None   # what warm-up of the plan's shape buckets did (pipeline.serving)
         self.serving: Any = None          # the BucketedRunner when the plan declares shapes
         self.runtime: dict[str, Any] = {}  # live objects the capture pass exposes (CaptureContext.expose)
@@ -125,7 +126,7 @@ class Compilation:
                                                          forward_outputs=joint_tags.get("forward_outputs")),
                 backward=lambda g, ins: self._compile_one(g, ins, f"{graph_id}.backward", "backward",
                                                           tags=joint_tags.get("tags")))
-        return self._compile_one(gm, compat.as_fake(list(example_inputs)), graph_id, "inference")
+        return self._compile_one(gm, compat.backend_inputs(gm, example_inputs), graph_id, "inference")
 
     def _capture_tags(self) -> set[str]:
         return set(type(self.capture.instance).provided(self.capture.instance.options))
@@ -161,7 +162,16 @@ class Compilation:
     def _compile_one(self, gm: torch.fx.GraphModule, example_inputs: list, graph_id: str,
                      role: str, *, tags: set | None = None, forward_outputs: int | None = None) -> Callable:
         """``tags``: what the graph already has (a training half: what the joint graph ended with).
-        ``forward_outputs``: for a training forward, how many outputs precede the saved ones."""
+        ``forward_outputs``: for a training forward, how many outputs precede the saved ones.
+
+        Holds Dynamo's compile lock: a backward graph compiles lazily, outside Dynamo, and the
+        passes trace with process-wide state that another thread's Dynamo must not see."""
+        with compat.compile_lock():
+            return self._compile_locked(gm, example_inputs, graph_id, role, tags=tags,
+                                        forward_outputs=forward_outputs)
+
+    def _compile_locked(self, gm: torch.fx.GraphModule, example_inputs: list, graph_id: str,
+                        role: str, *, tags: set | None, forward_outputs: int | None) -> Callable:
         start = time.perf_counter()
         record = GraphRecord(graph_id=graph_id, role=role, nodes_in=len(gm.graph.nodes))
         if role == "backward":
@@ -197,6 +207,7 @@ class Compilation:
         manager = PassManager(passes, registry=self.registry,
                               plugin_manager=self.registry.plugin_manager(instruments),
                               check_invariants=plan.verify != "off")
+        guards_before = compat.shape_guard_count(example_inputs)
         try:
             final = cached if cached is not None else manager.run(gm, context)
         except PipelineError as exc:
@@ -208,13 +219,21 @@ class Compilation:
         finally:
             record.notes = context.notes      # shared: run-time decisions (cudagraphs) land here too
             record.tags = sorted(context.tags)
+        store = None
         if cached is None:
-            self.cache.store(probe, final, target=context.target,
-                             record={"notes": list(context.notes), "tags": sorted(context.tags)})
-            record.cache = probe.summary()
-            if probe.status != "off":
-                context.notes.append({"pass": None, "topic": "cache", "message":
-                                      f"cache {probe.status}{' (stored)' if probe.stored else ''}: {probe.reason}"})
+            entry = {"notes": list(context.notes), "tags": sorted(context.tags),
+                     "shape_guards": compat.shape_guards_since(example_inputs, guards_before)}
+
+            def store() -> None:
+                self.cache.store(probe, final, target=context.target, record=entry)
+                record.cache = probe.summary()
+                if probe.status != "off":
+                    context.notes.append({"pass": None, "topic": "cache", "message":
+                                          f"cache {probe.status}{' (stored)' if probe.stored else ''}: "
+                                          f"{probe.reason}"})
+            if plan.verify == "off":     # otherwise stored once the first call verified it
+                store()
+                store = None
         record.final_code = final.code
         record.kernels = count_kernels(final)
         record.contents = graph_contents(final)
@@ -234,7 +253,7 @@ class Compilation:
         tags = {position: self.tags_before(position) for position in {1, *(p for _, _, p in steps)}}
         return FirstCallVerifier(original=original, steps=steps, compiled=final.forward, record=record,
                                  plugins=plugins, on_error=plan.on_error, plan=plan, tags=tags,
-                                 target=context.target)
+                                 target=context.target, on_verified=store)
 
     def _cache_bypass(self) -> str | None:
         """Why this compile must run the passes even when the cache holds the graph (debugging modes
@@ -402,7 +421,8 @@ class Compilation:
             "recompiles": list(self.recompiles),
             "warmup": self.warmup,
             "compile_seconds": self.compile_seconds,
-            "fallbacks": [{"graph": r.graph_id, "reason": r.fallback} for r in self.graphs if r.fallback],
+            "fallbacks": [{"graph": r.graph_id, "reason": r.fallback} for r in self.graphs if r.fallback]
+            + list(self.fallbacks),
             "calls": {name: item.counts() for name, item in self.runtime.items() if hasattr(item, "counts")},
         }
 

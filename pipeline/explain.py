@@ -1,4 +1,4 @@
-"""``explain(model, *inputs, plan=...)``: compile a model under a plan, call it once, and say what
+"""``explain(model, *inputs, plan=..., overrides=..., **keyword_inputs)``: compile a model under a plan, call it once, and say what
 happened: how many graphs, which graph breaks (with reasons and source lines), which kernels,
 what extern calls remain, and which input changes would recompile."""
 from __future__ import annotations
@@ -53,12 +53,16 @@ class Explanation:
         return "\n".join(lines)
 
 
-def explain(model: Any, *inputs: Any, plan: Any = "default", **overrides: Any) -> Explanation:
-    """Compile ``model`` with ``plan`` (and plan ``overrides``, as for :func:`compile_with_plan`),
-    call it once on ``inputs`` and explain the compile. The call runs the model for real (it
-    may update buffers, like any call)."""
-    compiled = compile_with_plan(model, plan, report=True, **overrides)
-    compiled(*inputs)
+def explain(model: Any, *inputs: Any, plan: Any = "default", overrides: dict | None = None,
+            **keyword_inputs: Any) -> Explanation:
+    """Compile ``model`` with ``plan``, call it once as ``model(*inputs, **keyword_inputs)`` and
+    explain the compile. Keyword inputs go to the model, as Hugging Face models take them
+    (``explain(model, input_ids=ids, attention_mask=mask)``); plan changes go in ``overrides``,
+    with the plan's top-level keys as for :func:`compile_with_plan` (``overrides={"options":
+    {"capture": {"dynamic": False}}}``). The call runs the model for real (it may update
+    buffers, like any call)."""
+    compiled = compile_with_plan(model, plan, report=True, **(overrides or {}))
+    compiled(*inputs, **keyword_inputs)
     compilation = compilation_of(compiled)
     report = build_report(compilation)
     kernels = [{"graph": g["id"], **{k: v for k, v in kernel.items() if k != "source"}}

@@ -111,6 +111,12 @@ class GraphCache:
                               path, type(exc).__name__, exc)
             return Probe("miss", key, reason=f"entry could not be rebuilt: {type(exc).__name__}: {exc}",
                          seconds=time.perf_counter() - start), None, {}
+        broken = compat.replay_shape_guards(example_inputs, meta.get("record", {}).get("shape_guards", []))
+        if broken is not None:
+            self._log.info("%s: cache entry %s assumes %s, which these sizes break: compiling", graph_id,
+                           key[:16], broken)
+            return Probe("miss", key, reason=f"the entry assumes {broken}, which these sizes break",
+                         seconds=time.perf_counter() - start), None, {}
         self.keys.append(key)
         probe = Probe("hit", key, reason=str(path), seconds=time.perf_counter() - start)
         self._log.info("%s: cache hit (%s), rebuilt in %.1f ms without running passes", graph_id, key[:16],

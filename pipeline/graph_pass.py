@@ -203,6 +203,16 @@ class CaptureContext:
         as those counts, under ``calls`` in the compile report."""
         self.compilation.runtime[name] = item
 
+    def record_fallback(self, reason: str) -> bool:
+        """Record that some calls run eagerly for a reason that is no single graph's (a hit
+        recompile limit); False when that reason was recorded already."""
+        fallbacks = self.compilation.fallbacks
+        if any(f["reason"] == reason for f in fallbacks):
+            return False
+        fallbacks.append({"graph": None, "reason": reason})
+        get_logger("recompiles").warning("plan '%s': %s", self.plan.name, reason)
+        return True
+
     def record_recompile(self, reason: str) -> None:
         """Record that a guard failed and a new variant was captured (``reason`` names the guard)."""
         self.compilation.recompiles.append(reason)

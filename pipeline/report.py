@@ -65,7 +65,7 @@ def build_report(compilation: Any) -> dict:
             "recompiles": len(compilation.recompiles),
             "kernels": sum(g["kernel_count"] for g in graphs),
             "compile_seconds": compilation.compile_seconds,
-            "fallbacks": sum(1 for g in graphs if g["fallback"]),
+            "fallbacks": sum(1 for g in graphs if g["fallback"]) + len(compilation.fallbacks),
             "cache_hits": sum(1 for g in graphs if g["compile_cache"].get("status") == "hit"),
             "cache_misses": sum(1 for g in graphs if g["compile_cache"].get("status") == "miss"),
             "saved_bytes": sum(g["saved_tensors"]["total_bytes"] for g in graphs if g["saved_tensors"]),
@@ -75,6 +75,8 @@ def build_report(compilation: Any) -> dict:
         },
         "graph_breaks": breaks,
         "recompiles": [{"number": i + 1, "reason": r} for i, r in enumerate(compilation.recompiles)],
+        # Calls that run eagerly for a reason that is no single graph's (a hit recompile limit).
+        "fallbacks": list(compilation.fallbacks),
         "warmup": compilation.warmup,   # what warm-up of the plan's shape buckets compiled, or null
         "captures": [{"graph": c["graph"], "ended_by": "graph break" if c["graph_break"] else c["reason"],
                       "where": c["where"], "guards": c["guards"], "inputs": c["inputs"]}

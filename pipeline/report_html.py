@@ -122,9 +122,14 @@ def _pass_times(report: dict) -> str:
                  f'<span class="bar" style="width:{int(120 * p["seconds"] / longest)}px"></span>',
                  f'{p["seconds"] * 1e3:.2f}', f'{p["nodes_before"]} &rarr; {p["nodes_after"]}')
                 for p in graph["passes"]]
+        cache = graph.get("compile_cache") or {}
+        if cache.get("status") == "hit":
+            table = _none(f"Rebuilt from the compile cache (entry {cache.get('key')}, "
+                          f"{cache.get('seconds', 0) * 1e3:.1f} ms): no pass ran.")
+        else:
+            table = _table(["pass", "plugin", "", "ms", "nodes"], rows)
         out.append(f"<h3>{escape(graph['id'])} ({escape(graph['role'])}, {graph['seconds'] * 1e3:.1f} ms, "
-                   f"verify: {escape(graph['verified'])})</h3>"
-                   + _table(["pass", "plugin", "", "ms", "nodes"], rows))
+                   f"verify: {escape(graph['verified'])})</h3>" + table)
         if graph["fallback"]:
             out.append(f'<p class="bad">runs eagerly: {escape(graph["fallback"])}</p>')
         if graph["reproducer"]:
@@ -143,6 +148,8 @@ def _guards(report: dict) -> str:
     rows = [(str(r["number"]), f"<code>{escape(r['reason'])}</code>") for r in report["recompiles"]]
     html = "<h3>Recompiles (the guard that failed)</h3>" + (
         _table(["#", "failing guard"], rows) if rows else _none("No recompiles."))
+    for fallback in report.get("fallbacks", []):
+        html += f'<p class="bad">runs eagerly: {escape(fallback["reason"])}</p>'
     html += "<h3>Guards per captured graph</h3>"
     if not report["captures"]:
         return html + _none("No guards recorded (the capture frontend does not use Dynamo guards).")

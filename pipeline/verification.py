@@ -28,10 +28,24 @@ def clone_inputs(args: tuple | list) -> list:
     return out
 
 
-def random_ops(gm: torch.fx.GraphModule) -> list[str]:
-    """Names of random operators in a graph (their outputs cannot be compared run to run)."""
-    return sorted({compat.op_name(n.target) for n in gm.graph.nodes
-                   if n.op == "call_function" and compat.is_nondeterministic(n.target)})
+def random_ops(gm: torch.fx.GraphModule, args: list | None = None) -> list[str]:
+    """Names of random operators a graph runs (their outputs cannot be compared run to run).
+
+    With ``args``, the graph is traced to ATen on fake copies of them first, so that a call that
+    is random only in some modes counts only when it is random here: ``dropout`` in eval mode (or
+    with ``p=0``) runs no random operator."""
+    def found(graph: torch.fx.GraphModule) -> set[str]:
+        return {compat.op_name(n.target) for n in graph.graph.nodes
+                if n.op == "call_function" and compat.is_nondeterministic(n.target)}
+
+    captured = found(gm)
+    if args is None:
+        return sorted(captured)
+    try:
+        traced = found(compat.retrace(gm, compat.fake_copies(list(args))))
+    except Exception:  # noqa: BLE001 - a graph that cannot be traced here is judged as captured
+        return sorted(captured)
+    return sorted(traced | captured) if traced else []
 
 
 def run_and_compare(reference: Callable, candidate: Callable, args: list) -> str | None:
@@ -55,11 +69,17 @@ def run_and_compare(reference: Callable, candidate: Callable, args: list) -> str
 class FirstCallVerifier:
     """Callable standing in for a compiled graph: verifies on the first call, then runs directly.
 
+    A graph that fails verification is never run again: under ``on_error: raise`` every later
+    call raises the same :class:`VerificationError`; under ``on_error: eager`` it runs the graph
+    as captured, with the reason in the graph's record. ``on_verified`` runs once the compiled
+    graph matched (the compile cache stores only verified graphs).
+
     ``steps`` are ``(pass name, graph after it, position of the pass in the plan)``; ``tags`` maps
     a position to the invariant tags the graph had before that pass (for the reproducer)."""
 
     def __init__(self, *, original: torch.fx.GraphModule, steps: list, compiled: Callable,
-                 record: Any, plugins: dict, on_error: str, plan: Any, tags: dict, target: str):
+                 record: Any, plugins: dict, on_error: str, plan: Any, tags: dict, target: str,
+                 on_verified: Callable[[], None] | None = None):
         self.original = original
         self.steps = steps
         self.compiled = compiled
@@ -69,17 +89,18 @@ class FirstCallVerifier:
         self.plan = plan
         self.tags = tags
         self.target = target
+        self.on_verified = on_verified
+        self.failure: VerificationError | None = None
         self._run: Callable = self._verify
 
     def __call__(self, *args):
         return self._run(*args)
 
     def _verify(self, *args):
-        self._run = self.compiled
-        randoms = random_ops(self.original)
+        randoms = random_ops(self.original, list(args))
         if randoms:
             self.record.verified = f"skipped: the graph uses random operators ({', '.join(randoms)})"
-            return self.compiled(*args)
+            return self._accept(*args)
         previous = self.original
         for pass_name, graph, position in self.steps:
             problem = run_and_compare(self.original, graph, list(args))
@@ -87,32 +108,48 @@ class FirstCallVerifier:
                 return self._mismatch(pass_name, position, previous, problem, args)
             previous = graph
         self.record.verified = f"passed ({len(self.steps)} step(s) compared with the captured graph)"
+        return self._accept(*args)
+
+    def _accept(self, *args):
+        self._run = self.compiled
+        if self.on_verified is not None:
+            self.on_verified()
         return self.compiled(*args)
+
+    def _raise_again(self, *args):
+        failure = self.failure
+        raise VerificationError(str(failure), pass_name=failure.pass_name, plugin=failure.plugin,
+                                graph_id=failure.graph_id, reproducer=failure.reproducer)
 
     def _mismatch(self, pass_name: str, position: int, before: torch.fx.GraphModule, problem: str,
                   args: tuple):
         from .repro import Failure, write_reproducer
+        each = self.plan.verify == "each"
         plugin = self.plugins.get(pass_name, "?")
         repro = write_reproducer(graph_id=self.record.graph_id, position=position, plugin=plugin,
                                  received=before, args=list(args), plan=self.plan,
                                  failure=Failure(kind="mismatch", message=problem),
-                                 tags=self.tags[position if self.plan.verify == "each" else 1],
+                                 tags=self.tags[position if each else 1],
                                  target=self.target, role=self.record.role,
-                                 whole_prefix=self.plan.verify != "each")
+                                 whole_prefix=not each)
         self.record.reproducer = repro
-        if self.plan.verify == "each":
+        if each:
             blame = f"pass '{pass_name}' from plugin {plugin} changed the result"
         else:
             blame = (f"the graph after the last pass ('{pass_name}') differs from the captured graph "
                      f"(verify: final cannot tell which pass did it; rerun with verify: each)")
         message = (f"verification failed on graph {self.record.graph_id}: {blame}: {problem}. "
                    f"Reproducer: {repro}")
-        self.record.verified = f"failed at pass '{pass_name}'"
+        self.record.verified = f"failed at pass '{pass_name}'" if each else "failed (verify: final)"
         if self.on_error == "eager":
             self.record.fallback = message
             warnings.warn(f"pipeline: {message}; running graph {self.record.graph_id} eagerly "
                           f"(plan on_error: eager)", stacklevel=2)
             self._run = self.original
             return self.original(*args)
-        raise VerificationError(message, pass_name=pass_name, plugin=plugin,
-                                graph_id=self.record.graph_id, reproducer=repro)
+        # verify: final compares the whole plan at once: no single pass or plugin is to blame.
+        self.failure = VerificationError(message, pass_name=pass_name if each else None,
+                                         plugin=plugin if each else None,
+                                         graph_id=self.record.graph_id, reproducer=repro)
+        self._run = self._raise_again
+        raise self.failure

@@ -151,12 +151,12 @@ def test_export_frontend_refuses_calls_that_need_gradients():
         compiled(torch.randn(4, 32))
 
 
-def test_recompile_limit_hit_is_an_error_with_advice():
+def test_recompile_limit_hit_is_an_error_with_advice_under_the_error_policy():
     def double(x):
         return x * 2
 
-    compiled = compile_with_plan(double, "default",
-                                 options={"capture": {"dynamic": False, "recompile_limit": 1}})
+    compiled = compile_with_plan(double, "default", options={"capture": {
+        "dynamic": False, "recompile_limit": 1, "on_recompile_limit": "error"}})
     compiled(torch.randn(3))
     with pytest.raises(pipeline.RecompileError, match="recompile_limit 1"):
         compiled(torch.randn(5))

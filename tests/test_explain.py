@@ -36,10 +36,11 @@ def test_explain_lists_kernels_and_extern_calls():
 
 
 def test_explain_says_which_input_changes_recompile():
-    static = pipeline.explain(lambda x, n: x * n, torch.randn(16), 3, options={"capture": {"dynamic": False}})
+    static = pipeline.explain(lambda x, n: x * n, torch.randn(16), 3,
+                              overrides={"options": {"capture": {"dynamic": False}}})
     assert any("L['x'] with a shape other than [16]" in text for text in static.expected_recompiles)
     assert any("L['n'] with another value" in text for text in static.expected_recompiles)
-    dynamic = pipeline.explain(lambda x: x * 3, torch.randn(16), options={"capture": {"dynamic": True}})
+    dynamic = pipeline.explain(lambda x: x * 3, torch.randn(16), overrides={"options": {"capture": {"dynamic": True}}})
     assert any("L['x'] with another dtype" in text and "dynamic" in text for text in dynamic.expected_recompiles)
 
 
@@ -53,3 +54,15 @@ def test_explain_report_is_the_full_compile_report():
     explanation = pipeline.explain(branchy, torch.randn(16), plan="debug")
     assert explanation.report["plan"]["name"] == "debug"
     assert all(g["sources"] for g in explanation.report["graphs"])
+
+
+def test_explain_passes_keyword_inputs_to_the_model():
+    class Keyworded(torch.nn.Module):
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            return input_ids.float() * attention_mask
+
+    ids, mask = torch.randint(0, 9, (2, 8)), torch.ones(2, 8)
+    explanation = pipeline.explain(Keyworded(), input_ids=ids, attention_mask=mask)
+    assert explanation.graph_count == 1
+    debug = pipeline.explain(Keyworded(), input_ids=ids, attention_mask=mask, overrides={"verify": "final"})
+    assert debug.report["graphs"][0]["verified"].startswith("passed")

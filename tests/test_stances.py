@@ -137,7 +137,8 @@ def test_a_callers_stance_wins_over_after_warmup():
 
 def test_recompile_limit_error_policy_raises_naming_the_limit():
     fn = make_double()
-    compiled = compile_with_plan(fn, "default", options={"capture": {"dynamic": False, "recompile_limit": 1}})
+    compiled = compile_with_plan(fn, "default", options={"capture": {
+        "dynamic": False, "recompile_limit": 1, "on_recompile_limit": "error"}})
     compiled(torch.randn(3))
     with pytest.raises(RecompileError, match="recompile_limit 1"):
         compiled(torch.randn(4))
