@@ -168,8 +168,8 @@ def test_explain_and_the_report_show_hits_and_misses(tmp_path):
     torch.manual_seed(0)
     model, x = Small().eval(), torch.randn(8, 32)
     with torch.no_grad():
-        cold = explain(model, x, cache={"dir": str(tmp_path)})
-        warm = explain(model, x, cache={"dir": str(tmp_path)})
+        cold = explain(model, x, overrides={"cache": {"dir": str(tmp_path)}})
+        warm = explain(model, x, overrides={"cache": {"dir": str(tmp_path)}})
     assert [c["status"] for c in cold.cache] == ["miss"]
     assert [c["status"] for c in warm.cache] == ["hit"]
     assert "cache hit (g0)" in str(warm)
@@ -202,6 +202,17 @@ def test_two_processes_compiling_the_same_model_at_once_both_succeed(tmp_path):
     assert not list(tmp_path.rglob("*.tmp")), "no temporary file is left behind"
     third = worker_result(run_worker(tmp_path))
     assert third["statuses"] == ["hit"] and third["max_error"] < 1e-4
+
+
+def test_four_processes_racing_on_one_empty_cache_all_match_eager(tmp_path):
+    workers = [run_worker(tmp_path, "--model", "small") for _ in range(4)]
+    for result in [worker_result(w) for w in workers]:
+        assert result["max_error"] < 1e-4 and result["kernels"] > 0
+    for entry in tmp_path.glob("graphs/*/*.entry"):
+        read_entry(entry, entry.stem)                  # every entry whole
+    libraries = list((tmp_path / "cpp").glob("k_*.so"))
+    assert libraries and all(Path(f"{lib}.sha256").exists() for lib in libraries)
+    assert not list(tmp_path.rglob("*.tmp")), "no temporary file is left behind"
 
 
 def test_a_second_process_does_no_pass_work(tmp_path):

@@ -62,9 +62,13 @@ def assert_cache_complete(cache: Path) -> None:
     """Only complete entries: no temporary file, no library; a source file is whole."""
     folder = cache / "cpp"
     names = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
-    leftovers = [n for n in names if not n.startswith("k_") or n.endswith((".tmp", ".so"))]
+    libraries = {n for n in names if n.endswith(".so")}
+    leftovers = [n for n in names if not n.startswith("k_") or n.endswith((".tmp", ".so"))
+                 or (n.endswith(".sha256") and n[:-len(".sha256")] in libraries)]
     assert not leftovers, f"half-written or temporary files left in the cache: {leftovers}"
     for name in names:
+        if name.endswith(".sha256"):      # a library's digest, written just before the library
+            continue
         text = (folder / name).read_text()
         assert text.startswith("// Generated") and text.endswith("}\n"), f"{name} is not a whole source file"
 
@@ -277,30 +281,84 @@ CACHE_FAULTS = {
 }
 
 
+def assert_built_privately(compiled, cache: Path, text: str) -> None:
+    """The call works, with one warning naming the cache folder, the reason and the private folder."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = compiled(X.clone())
+    torch.testing.assert_close(out, model(X))
+    assert compilation_of(compiled).graphs[0].kernels == 1
+    messages = [str(w.message) for w in caught if "private temporary folder" in str(w.message)]
+    assert len(messages) == 1, [str(w.message) for w in caught]
+    assert text in messages[0] and str(cache) in messages[0] and "cache.dir" in messages[0]
+
+
+@pytest.fixture(autouse=True)
+def _warn_again():
+    from passes.codegen import cpp_build
+    cpp_build._warned.clear()           # each test sees its own cache problem's warning
+
+
 @pytest.mark.parametrize("fault", sorted(CACHE_FAULTS))
 @pytest.mark.parametrize("policy", ["raise", "eager"])
-def test_an_unwritable_cache_ends_in_the_policy_with_advice(refuse_writes, tmp_path, fault, policy):
+def test_an_unwritable_cache_builds_kernels_in_a_private_folder_with_one_warning(refuse_writes, tmp_path,
+                                                                                 fault, policy):
     code, text, exists = CACHE_FAULTS[fault]
     cache = tmp_path / "cache"
     if exists:
         (cache / "cpp").mkdir(parents=True)
     refuse_writes(cache, code)
-    compiled = compiled_with(policy, cache)
-    if policy == "raise":
-        with pytest.raises(PipelineError) as info:
-            compiled(X.clone())
-        message = str(info.value)
-    else:
-        message = run_eager_policy(compiled)
-    assert text in message and "cache.dir" in message and "cache.enabled: false" in message
+    assert_built_privately(compiled_with(policy, cache), cache, text)
     assert not cache.exists() or not any(cache.rglob("*.so"))
 
 
-def test_a_file_where_the_cache_folder_should_be_is_a_clear_error(tmp_path):
+def test_a_file_where_the_cache_folder_should_be_degrades_to_a_private_folder(tmp_path):
     blocker = tmp_path / "cache"
     blocker.write_text("not a folder")
-    with pytest.raises(PipelineError, match="cannot create the kernel cache folder"):
-        compiled_with("raise", blocker)(X.clone())
+    assert_built_privately(compiled_with("raise", blocker), blocker, "cannot create the kernel cache folder")
+
+
+def test_a_file_where_the_kernel_folder_should_be_degrades_to_a_private_folder(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "cpp").write_text("not a folder")
+    assert_built_privately(compiled_with("raise", cache), cache, "cannot create the kernel cache folder")
+
+
+def test_a_folder_where_a_kernel_library_should_be_degrades_to_a_private_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIPELINE_CACHE_GRAPHS", "0")
+    cache = tmp_path / "cache"
+    compiled_with("raise", cache)(X.clone())
+    (library,) = (cache / "cpp").glob("k_*.so")
+    library.unlink()
+    library.mkdir()
+    from passes.codegen import cpp_build
+    cpp_build._loaded.clear()
+    torch._dynamo.reset()
+    assert_built_privately(compiled_with("raise", cache), cache, "a folder is in the way")
+
+
+REMOVING_COMPILER = """#!/bin/sh
+if [ "$1" != "--version" ] && [ ! -e {marker} ]; then touch {marker}; rm -rf {cache}; fi
+exec {real} "$@"
+"""
+
+
+def test_a_cache_folder_removed_while_the_compiler_runs_is_made_again(tmp_path, monkeypatch):
+    import shutil
+    cache = tmp_path / "cache"
+    script = tmp_path / "removing-g++"
+    script.write_text(REMOVING_COMPILER.format(marker=tmp_path / "removed", cache=cache,
+                                               real=shutil.which("g++")))
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("CXX", str(script))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = compiled_with("raise", cache)(X.clone())
+    torch.testing.assert_close(out, model(X))
+    assert (tmp_path / "removed").exists(), "the compiler did remove the cache folder"
+    assert list((cache / "cpp").glob("k_*.so")), "the kernel is in the cache folder, made again"
+    assert not [w for w in caught if "private temporary folder" in str(w.message)]
 
 
 def test_an_unwritable_cache_does_not_matter_with_the_cache_disabled(refuse_writes, tmp_path):
@@ -378,3 +436,78 @@ def test_a_truncated_library_in_the_cache_is_rebuilt(tmp_path):
     library, _, hit = cpp_build.build(source, directory=str(tmp_path))
     assert not hit and library.answer_for_truncation_test() == 42
     assert damaged.stat().st_size > 64
+
+
+# -- damaged kernel files are never loaded -----------------------------------------------------------
+
+def _flip_constant(path: Path, value: float) -> int:
+    """Flip one high mantissa bit in every float32 copy of ``value`` in a file (how a bit flip on
+    disk changes a kernel's constant); returns how many copies changed."""
+    import struct
+    pattern = struct.pack("<f", value)
+    data = bytearray(path.read_bytes())
+    changed = bytearray(pattern)
+    changed[2] ^= 0x10
+    count = data.count(pattern)
+    damaged = path.with_suffix(".damaged")
+    damaged.write_bytes(bytes(data).replace(pattern, bytes(changed)))
+    os.replace(damaged, path)          # a new file: a library this process mapped stays intact
+    return count
+
+
+def test_a_library_whose_constant_flipped_is_rebuilt_not_loaded(tmp_path):
+    from passes.codegen import cpp_build
+    source = '// Generated\nextern "C" float half_sqrt2_for_damage_test(void) { return 0.70710678f; }\n'
+    library, _, hit = cpp_build.build(source, directory=str(tmp_path))
+    path = cpp_build.cache_dir(str(tmp_path)) / f"k_{cpp_build.cache_key(source)}.so"
+    assert _flip_constant(path, 0.70710678) >= 1
+    cpp_build._loaded.clear()                                    # as in a later process
+    with pytest.warns(UserWarning, match="does not match the SHA-256 recorded when it was built"):
+        library, _, hit = cpp_build.build(source, directory=str(tmp_path))
+    import ctypes
+    library.half_sqrt2_for_damage_test.restype = ctypes.c_float
+    assert not hit and abs(library.half_sqrt2_for_damage_test() - 0.70710678) < 1e-7
+
+
+def test_a_damaged_kernel_library_never_gives_a_wrong_answer_without_a_graph_entry(tmp_path, monkeypatch):
+    """The graph cache is off, so nothing but the kernel cache stands between the damaged
+    library and the call; a later compile rebuilds it and matches eager."""
+    from passes.codegen import cpp_build
+    monkeypatch.setenv("PIPELINE_CACHE_GRAPHS", "0")
+
+    def gelu(x):
+        return torch.nn.functional.gelu(x) * 2
+
+    x = torch.randn(64, 64)
+    compile_with_plan(gelu, "default", cache={"dir": str(tmp_path)})(x)
+    (library,) = (tmp_path / "cpp").glob("k_*.so")
+    assert _flip_constant(library, 0.7071067811865476) >= 1
+    cpp_build._loaded.clear()
+    torch._dynamo.reset()
+    with pytest.warns(UserWarning, match="removed and rebuilt"):
+        out = compile_with_plan(gelu, "default", cache={"dir": str(tmp_path)})(x)
+    torch.testing.assert_close(out, gelu(x))
+
+
+def test_a_damaged_triton_module_file_is_replaced_before_it_is_imported(tmp_path):
+    from passes.codegen import triton_runtime
+    text = "# generated\nVALUE = 0.70710678\n"
+    path, hit = triton_runtime.write_source(text, str(tmp_path))
+    assert not hit
+    path.write_text(text.replace("0.70710678", "0.70710688"))
+    with pytest.warns(UserWarning, match="does not hold the source"):
+        again, hit = triton_runtime.write_source(text, str(tmp_path))
+    assert again == path and not hit and path.read_text() == text
+
+
+def test_temporary_files_a_killed_build_left_behind_are_cleaned_once_stale(tmp_path):
+    from passes.codegen import cpp_build
+    folder = tmp_path / "cache" / "cpp"
+    folder.mkdir(parents=True)
+    stale, fresh = folder / "tmpabc123.so", folder / "tmpdef456.so"
+    for path in (stale, fresh):
+        path.write_bytes(b"half a library")
+    old = os.path.getmtime(stale) - 2 * cpp_build.STALE_SECONDS
+    os.utime(stale, (old, old))
+    cpp_build.cache_dir(str(tmp_path / "cache"))
+    assert not stale.exists() and fresh.exists()      # a build in progress elsewhere keeps its file

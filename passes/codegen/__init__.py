@@ -29,7 +29,7 @@ from pipeline.fused import CompiledKernel, FusedGroup, fill_padding, meta_of, ou
 from pipeline.graph_io import Codec, UnsupportedGraph
 from pipeline.loops import UnsupportedGroup, analyze
 
-from .cpp_build import build
+from .cpp_build import build, digest_path
 from .cpp_source import kernel_source, module_source
 from .host import fold_views, lower_linear, reuse_buffers, to_host_module
 
@@ -123,6 +123,7 @@ class CppKernel(CompiledKernel):
         if not self.library_source:
             raise UnsupportedGraph(f"cpp kernel {self.group.name} does not know its library's source")
         codec.need_file(self.library_path)
+        codec.need_file(digest_path(self.library_path))
         return {"group": codec.group_to_data(self.group), "source": codec.put_text(self.source),
                 "library": codec.put_text(self.library_source),
                 "in_strides": [list(s) for s in self.in_strides],

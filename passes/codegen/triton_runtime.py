@@ -31,11 +31,12 @@ import torch
 import torch.fx
 
 from pipeline import compat
+from pipeline.cache import cache_root
 from pipeline.errors import PipelineError
 from pipeline.fused import CompiledKernel, FusedGroup, fill_padding, meta_of, output_buffers, output_fills
 from pipeline.loops import UnsupportedGroup, analyze
 
-from .cpp_build import cache_dir as _cache_dir
+from .cpp_build import CacheFolderError, clean_stale, warn_private
 from .triton_autotune import candidate_blocks
 from .triton_pitch import pitch_nest, storage_covers
 from .triton_precompile import precompile
@@ -66,23 +67,49 @@ _private: list[Path] = []
 
 def kernel_dir(configured: str | None = None, *, persistent: bool = True) -> Path:
     """``<cache root>/triton``, or with ``persistent=False`` (plan ``cache: {enabled: false}``) a
-    private temporary folder of this process."""
-    if not persistent:
-        if not _private:
-            _private.append(Path(tempfile.mkdtemp(prefix="plan-pipeline-triton-")))
-        return _private[0]
-    path = _cache_dir(configured).parent / "triton"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    private temporary folder of this process. A cache folder that cannot be made degrades to the
+    private folder, with one warning."""
+    if persistent:
+        path = cache_root(configured) / "triton"
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            clean_stale(path)
+            return path
+        except OSError as exc:
+            warn_private(CacheFolderError(f"cannot create the kernel cache folder {path}: {exc.strerror or exc}"),
+                         kernel_dir(persistent=False))
+    if not _private:
+        _private.append(Path(tempfile.mkdtemp(prefix="plan-pipeline-triton-")))
+    return _private[0]
 
 
 def write_source(text: str, directory: str | None = None, *, persistent: bool = True) -> tuple[Path, bool]:
     """Path of the module file holding ``text`` (named by its content hash) and whether it was
-    already there. Writes are atomic."""
+    already there. Writes are atomic. A file already there is used only when it still holds
+    exactly ``text``: a damaged one is replaced, with a warning. A cache folder that cannot be
+    written degrades to this process's private folder, with one warning."""
     folder = kernel_dir(directory, persistent=persistent)
+    try:
+        return _write_source_in(folder, text)
+    except OSError as exc:
+        if folder == kernel_dir(persistent=False):
+            raise
+        warn_private(CacheFolderError(f"cannot write into the kernel cache folder {folder}: {exc.strerror or exc}"),
+                     kernel_dir(persistent=False))
+    return _write_source_in(kernel_dir(persistent=False), text)
+
+
+def _write_source_in(folder: Path, text: str) -> tuple[Path, bool]:
     path = folder / f"t_{hashlib.sha256(text.encode()).hexdigest()[:32]}.py"
     if path.exists():
-        return path, True
+        try:
+            intact = path.read_bytes() == text.encode()
+        except OSError:
+            intact = False
+        if intact:
+            return path, True
+        warnings.warn(f"pipeline: Triton kernel module {path} does not hold the source its name is the "
+                      f"SHA-256 of: replaced", stacklevel=3)
     with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as tmp:
         try:
             tmp.write(text)
