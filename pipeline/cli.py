@@ -21,9 +21,9 @@ def _cmd_passes(args: argparse.Namespace) -> int:
         print(f"{name}  (v{cls.version}, {cls.stage} pass, from {entry.plugin})")
         if doc:
             print(f"    {doc}")
-        if cls.requires or cls.provides:
-            print(f"    requires: {', '.join(sorted(cls.requires)) or '-'}   provides: "
-                  f"{', '.join(sorted(cls.provides)) or '-'}")
+        if cls.requires or cls.provides or cls.invalidates:
+            print("   ".join(f"{label}: {', '.join(sorted(tags)) or '-'}" for label, tags in (
+                ("    requires", cls.requires), ("provides", cls.provides), ("invalidates", cls.invalidates))))
         for info in describe(cls.Options):
             print(f"    {info.name}: {info.type} = {_yaml_value(info.default)}")
             print(f"        {info.doc}")
@@ -79,11 +79,18 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     import runpy
     from pathlib import Path
     folder = Path(__file__).resolve().parent.parent / "benchmarks"
-    script = folder / ("gpu_suite.py" if args.device == "cuda" else "cpu_suite.py")
+    script = folder / ("zoo/runner.py" if args.zoo else "gpu_suite.py" if args.device == "cuda" else "cpu_suite.py")
     if not script.is_file():
         print(f"error: {script} not found (benchmarks ship with the source tree, not the wheel)", file=sys.stderr)
         return 2
-    sys.argv = [str(script), *args.rest]
+    rest = list(args.rest)
+    if args.zoo:
+        rest = ["--device", args.device, *(["--family", args.family] if args.family else []),
+                *(["--models", args.models] if args.models else []), *rest]
+    elif args.family or args.models:
+        print("error: --family and --models select zoo models: add --zoo", file=sys.stderr)
+        return 2
+    sys.argv = [str(script), *rest]
     try:
         runpy.run_path(str(script), run_name="__main__")
     except SystemExit as exc:
@@ -201,10 +208,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_diff)
     p = sub.add_parser("demo", help="compile the built-in example model; print correctness and speed vs eager")
     p.add_argument("--plan", default="default")
-    p.add_argument("--iterations", type=int, default=200)
+    p.add_argument("--iterations", type=int, default=200,
+                   help="interleaved timing rounds of one eager and one compiled call each (default: 200)")
     p.set_defaults(func=_cmd_demo)
     p = sub.add_parser("bench", help="run the benchmark suite: eager, Inductor and our plans in one run")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--zoo", action="store_true", help="run the model zoo (benchmarks/zoo) instead of the suite")
+    p.add_argument("--family", default="", help="with --zoo: only these families (comma-separated)")
+    p.add_argument("--models", default="", help="with --zoo: only these models (comma-separated)")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the suite (e.g. --quick, --out DIR)")
     p.set_defaults(func=_cmd_bench)
     p = sub.add_parser("report", help="render a compile report (report.json or its folder) as HTML and open it")
