@@ -329,7 +329,20 @@ def run_zoo(args: argparse.Namespace, written: Callable[[dict], None] = lambda r
                 "rounds": args.rounds, "iters": args.iters, "records": records}
 
     queue = [(m, mode, False) for m, mode in pending]
-    while queue or running:
+    retried: set[tuple[str, str]] = set()
+    jobs = args.jobs
+    while True:
+        if not queue and not running:
+            # A model whose variant ran out of device memory beside others runs again alone.
+            again = [(r["model"], r["mode"]) for r in records
+                     if jobs > 1 and _out_of_memory(r) and (r["model"], r["mode"]) not in retried]
+            if not again:
+                break
+            retried.update(again)
+            jobs = 1
+            records[:] = [r for r in records if (r["model"], r["mode"]) not in retried]
+            done -= len(again)
+            queue = [(zoo.MODELS[name], mode, False) for name, mode in again]
         elapsed = time.perf_counter() - started
         if args.budget and elapsed > args.budget:
             for model, mode, warm in queue:
@@ -337,7 +350,7 @@ def run_zoo(args: argparse.Namespace, written: Callable[[dict], None] = lambda r
                     records.append({"model": model.name, "family": model.family, "mode": mode, "variants": {},
                                     "skipped": f"not started: the run's budget of {args.budget:.0f} s was spent"})
             queue = []
-        while queue and len(running) < args.jobs:
+        while queue and len(running) < jobs:
             model, mode, warm = queue.pop(0)
             running.append(((model, mode, warm), _spawn(model, mode, args, work, warm=warm), time.perf_counter()))
         for item in list(running):
@@ -354,6 +367,12 @@ def run_zoo(args: argparse.Namespace, written: Callable[[dict], None] = lambda r
                     queue.append((model, mode, True))
         time.sleep(0.2)
     return result()
+
+
+def _out_of_memory(record: dict) -> bool:
+    """Whether a model (or one of its variants) ran out of device memory."""
+    texts = [record.get("error") or ""] + [v.get("error") or "" for v in record.get("variants", {}).values()]
+    return any("OutOfMemoryError" in text or "out of memory" in text for text in texts)
 
 
 def _progress(record: dict, done: int, total: int, elapsed: float, seconds: float) -> None:
