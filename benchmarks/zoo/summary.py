@@ -105,7 +105,8 @@ def markdown(result: dict, summary: dict) -> str:
     lines = [f"# Model zoo, {result['device']}", "",
              f"{result['date']}, commit `{result['commit']}`, torch {result['torch']}, size `{result['size']}`; "
              f"{result['rounds']} interleaved rounds of {result['iters']} calls per variant; {result['jobs']} "
-             f"model process(es) at once (one timing at a time).", ""]
+             f"model process(es) at once (one timing at a time).", "", *[f"- {n}" for n in result.get("notes", [])],
+             *([""] if result.get("notes") else [])]
     for mode in ("inference", "training"):
         if mode not in summary:
             continue
