@@ -34,7 +34,7 @@ def timed_interleaved(fns: dict, args, *, rounds: int, batch_time: float) -> dic
     times a batch of calls, and the result is the median over rounds of the per-batch median.
     Short batches and many rounds follow the drift more closely: on the 2-core CI VM an A/A test
     (the same eager MLP twice) spread 16 % over four repetitions with 9 rounds of 0.25 s, and
-    2 % with 45 rounds of 0.05 s (session 9)."""
+    2 % with 45 rounds of 0.05 s (2026-11-30, commit c48a91b)."""
     for fn in fns.values():
         for _ in range(3):
             fn(*args)

@@ -143,7 +143,7 @@ def row_softmax(x):
 
 
 def launch_table() -> dict[str, dict[str, float]]:
-    from passes.codegen.triton_runtime import TritonKernel
+    from passes.codegen.triton.runtime import TritonKernel
     rows = {}
     for name, fn, shape in (("pointwise 4096", pointwise, (4096,)), ("softmax 64x1024", row_softmax, (64, 1024))):
         x = torch.randn(*shape, device="cuda")

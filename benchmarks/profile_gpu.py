@@ -83,7 +83,7 @@ def profile_summary(label: str, step, *, steps: int = 3, rows: int = 12) -> str:
     return "\n".join(lines)
 
 
-COPY_BANDWIDTH = 4.26e12   # bytes read + written per second, measured on the H200 (ENVIRONMENT.md)
+COPY_BANDWIDTH = 4.26e12   # bytes read + written per second, measured on the H200 (2026-11-29)
 
 
 def _distinct_bytes(t: torch.Tensor) -> int:
@@ -99,7 +99,7 @@ def kernel_table(label: str, step, out: str | None, *, rows: int = 40) -> str:
     """Every generated Triton kernel of one step: CUDA ms per step, bytes it reads and writes,
     achieved bandwidth, and the ms above its bytes-moved floor at copy bandwidth, worst first.
     The sources of the worst kernels go to ``out/kernels/``."""
-    from passes.codegen.triton_runtime import TritonKernel
+    from passes.codegen.triton.runtime import TritonKernel
     moved: dict = defaultdict(int)
     sources: dict = {}
     original = TritonKernel.__call__

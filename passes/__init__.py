@@ -12,8 +12,9 @@ from pipeline import compat, hookimpl
 
 from .capture import Capture
 from .codegen import Codegen
-from .codegen.matmul_template import MatmulTemplate
 from .constant_fold import ConstantFold
+from .kernel_ir.metrics import METRICS as KERNEL_METRICS
+from .matmul_template import MatmulTemplate
 from .cse import CommonSubexpressionElimination
 from .dce import DeadCodeElimination
 from .decompose import Decompose, core_aten_check
@@ -23,7 +24,7 @@ from .pack_weights import PackWeights
 from .transpose_weights import TransposeWeights
 from .fuse import Fuse
 from .reinplace import Reinplace
-from .cudagraphs import CudaGraphs
+from .cudagraphs import METRIC as CUDAGRAPHS_METRIC, CudaGraphs
 from .partition import Partition
 
 BUILTIN_PASSES = [Capture, Functionalize, Decompose, DeadCodeElimination,
@@ -34,6 +35,11 @@ BUILTIN_PASSES = [Capture, Functionalize, Decompose, DeadCodeElimination,
 @hookimpl
 def pipeline_register_passes() -> list[type]:
     return list(BUILTIN_PASSES)
+
+
+@hookimpl
+def pipeline_register_metrics() -> list:
+    return [*KERNEL_METRICS, CUDAGRAPHS_METRIC]
 
 
 @hookimpl

@@ -53,7 +53,7 @@ class CaptureOptions:
                "NumPy code as NumPy, eagerly, as the model does without compiling.")
     direct_calls: bool = option(
         True, "dynamo only: a call whose guards pass runs the cached compiled code directly, skipping Dynamo's "
-              "per-call wrappers (12 µs a call on a small CPU MLP; the guards checked are Dynamo's own). "
+              "per-call wrappers (the guards checked are Dynamo's own). "
               "Calls that miss, graphs with breaks, and the force_eager / *_then_compile stances go through "
               "Dynamo as usual. false: every call goes through Dynamo.")
     dict_tag_guards: bool = option(

@@ -23,7 +23,7 @@ graphs, ``forward`` and ``backward``, only when the plan lists them), or when re
 
 Static buffers span the input's storage from its offset to the storage's end when that is at most
 twice the tensor's own span: a slice of a padded matmul result keeps its row padding, which the
-pitched kernels (:mod:`passes.codegen.triton_pitch`) read past each row.
+pitched kernels (:mod:`passes.codegen.triton.pitch`) read past each row.
 
 Training graphs (``roles: [inference, forward, backward]``): AOTAutograd calls the compiled forward
 inside its autograd function and the backward from the autograd engine; both are recorded on
@@ -42,16 +42,19 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any
+from html import escape
+from typing import Any, Literal
 
 import attrs
 import torch
 import torch.fx
 
-from pipeline import Pass, PassContext, compat, option, positive
+from pipeline import Metric, Outcome, Pass, PassContext, compat, get_logger, option, positive
 from pipeline.errors import PipelineError
-from pipeline.fused import meta_of
+from passes.kernel_ir.groups import meta_of
 from pipeline.ir import is_static_input
+from pipeline.options import unstructure
+from pipeline.tools.report_html import none, table
 
 aten = torch.ops.aten
 
@@ -210,6 +213,21 @@ class CudaGraphRunner:
     def __name__(self) -> str:
         return "cudagraph_replay"
 
+    def to_data(self, codec: Any) -> dict:
+        """What the compile cache and artifacts keep: the graph and the recording policy. The CUDA
+        graph itself is recorded again on the rebuilt runner's first call."""
+        return {"graph": codec.subgraph_to_data(self.graph, "cudagraph"), "options": unstructure(self.options),
+                "mutated": list(self.mutated)}
+
+    @classmethod
+    def from_data(cls, data: dict, codec: Any) -> "CudaGraphRunner":
+        """A runner for the stored graph, not recorded yet, noting into the compile's context."""
+        if codec.context is None:
+            from pipeline.cache.graph_io import UnsupportedGraph
+            raise UnsupportedGraph("a CUDA-graph runner is rebuilt only inside a compile (it notes into its context)")
+        options = CudaGraphsOptions(**data["options"])
+        return cls(codec.subgraph_from_data(data["graph"]), options, codec.context, list(data["mutated"]))
+
     @property
     def wrapped_graph(self) -> torch.fx.GraphModule:
         """The graph this runner records and replays (what reports and kernel counts look into)."""
@@ -266,8 +284,7 @@ class CudaGraphRunner:
     def _skip(self, reason: str, args: tuple) -> Any:
         self.disabled = reason
         self.context.tags.discard("cudagraphs")
-        if self.context.record is not None:
-            self.context.record.cudagraphs = False
+        self.context.set_metric("cudagraphs", False)
         self.context.note(f"not recorded: {reason}", topic="cudagraphs")
         if self.options.required:
             raise CudaGraphsError(f"graph {self.context.graph_id}: cudagraphs is required but {reason}")
@@ -382,3 +399,48 @@ class CudaGraphs(Pass):
 
 def _getitem(values: tuple, index: int) -> Any:
     return values[index]
+
+
+@attrs.frozen
+class CudaGraphLimits:
+    cudagraphs: Literal["full", "any"] | None = option(
+        None, "full: every graph must run under a CUDA graph; any: at least one (null: no check).")
+
+
+def _check_wrapped(limits: CudaGraphLimits, wrapped: list) -> list:
+    if limits.cudagraphs is None or not wrapped:
+        return []
+    ok = all(wrapped) if limits.cudagraphs == "full" else any(wrapped)
+    measured = f"{sum(wrapped)} of {len(wrapped)} graphs"
+    return [Outcome("cudagraphs", limits.cudagraphs, measured, ok,
+                    text=f"expect.cudagraphs is '{limits.cudagraphs}' but {measured} run under CUDA graphs")]
+
+
+def _reasons(notes: list) -> list[str]:
+    return [n["message"] for n in notes if n.get("topic") == "cudagraphs"]
+
+
+def _log_wrapped(graph_id: str, wrapped: bool, notes: list) -> None:
+    logger = get_logger("cudagraphs")
+    if wrapped:
+        logger.info("%s runs under CUDA graphs", graph_id)
+    else:
+        logger.info("%s does not run under CUDA graphs: %s", graph_id,
+                    "; ".join(_reasons(notes)) or "no pass in the plan wrapped it")
+
+
+def _section(report: dict) -> str:
+    rows = [(escape(g["id"]), '<span class="ok">yes</span>' if g["cudagraphs"]["wrapped"] else "no",
+             escape("; ".join(g["cudagraphs"]["reasons"]) or ("" if g["cudagraphs"]["wrapped"]
+                                                              else "no pass in the plan wrapped it")))
+            for g in report["graphs"] if "cudagraphs" in g]
+    return table(["graph", "under CUDA graphs", "skip reasons"], rows) if rows else none("No graph was compiled.")
+
+
+#: Whether each graph runs under a CUDA graph (the pass's ``cudagraphs`` tag; a graph that turns
+#: out not recordable on its first call is set back to False), checked by ``expect.cudagraphs``.
+METRIC = Metric(name="cudagraphs", doc="Whether the graph runs under a CUDA graph.",
+                measure=lambda gm, context: "cudagraphs" in context.tags, limits=CudaGraphLimits,
+                check=_check_wrapped, log=_log_wrapped,
+                report=lambda wrapped, notes: {"cudagraphs": {"wrapped": wrapped, "reasons": _reasons(notes)}},
+                sections={"cudagraphs": ("CUDA graphs", _section)}, default=False)

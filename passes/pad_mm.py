@@ -1,10 +1,10 @@
 """``pad-mm``: pad matrix multiplications whose sizes are not multiples of 8 elements.
 
 cuBLAS picks slow legacy kernels when a leading dimension is misaligned (GPT-2's 50257-word
-vocabulary sends its LM head to an sm75-era kernel on the H200, 3.4 ms instead of 0.4 ms). This pass
+vocabulary sends its LM head to an sm75-era kernel). This pass
 zero-pads the K and N dimensions of ``mm``/``addmm``/``bmm`` to a multiple and slices the result
 back. A transposed weight (``linear``'s ``weight.t()``) is padded in its own layout, then transposed:
-a dense copy, where padding the transposed view is a transposing copy ten times slower on the H200.
+a dense copy, where padding the transposed view would be a much slower transposing copy.
 A transposed left operand (``grad_out.t() @ x``, a weight gradient) has M as its leading
 dimension: a misaligned M is padded the same way (in the source's layout) and the extra rows of
 the result are sliced off. Identical pads of one tensor are made once and shared.
@@ -18,7 +18,7 @@ import torch
 import torch.fx
 
 from pipeline import Pass, PassContext, device_types, option, positive
-from pipeline.fused import meta_of
+from passes.kernel_ir.groups import meta_of
 from pipeline.ir import finish
 
 aten = torch.ops.aten

@@ -35,7 +35,7 @@ import torch.fx
 
 from pipeline import NoOptions, Pass, PassContext
 from pipeline import compat
-from pipeline.fused import meta_of, packet_name
+from passes.kernel_ir.groups import meta_of, packet_name
 from pipeline.ir import finish, has_side_effects
 
 aten = torch.ops.aten

@@ -1,10 +1,8 @@
 """``transpose-weights``: give small-batch matmuls a row-major copy of the weights they read transposed.
 
 ``linear`` multiplies by ``weight.t()``, a transposed view, and the CPU BLAS repacks that view on
-every call. With few rows the repacking is a visible part of the call: on the CI's 2-core machine
-the eight ``addmm`` calls of an MLP of 8 Linear(256) layers at batch 128 run 12-19 % faster on
-contiguous copies of the transposes (512 rows: no gain). Through the compiled model the gain is
-2-4 %: Dynamo's guards and the host code take about 100 µs of its 1.3 ms call. This pass makes
+every call. With few rows the repacking is a visible part of the call (with many rows it is not,
+hence ``max_rows``). This pass makes
 ``mm``/``addmm`` with at most ``max_rows`` rows read their transposed weight through a
 :class:`TransposedWeight`, which keeps that copy between calls.
 
@@ -29,7 +27,7 @@ import torch
 import torch.fx
 
 from pipeline import Pass, PassContext, device_types, option, positive
-from pipeline.fused import meta_of
+from passes.kernel_ir.groups import meta_of
 from pipeline.ir import KeptWeightValue, is_static_input, transposed_matrix
 
 aten = torch.ops.aten
@@ -66,7 +64,7 @@ class TransposedWeight:
         return self._kept.get(weight)
 
     def to_data(self, codec: Any) -> dict:
-        """Nothing to write: a rebuilt object starts without a copy (see pipeline.graph_io)."""
+        """Nothing to write: a rebuilt object starts without a copy (see pipeline.cache.graph_io)."""
         return {}
 
     @classmethod

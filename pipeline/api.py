@@ -7,13 +7,12 @@ from typing import Any
 
 import torch
 
-from .compilation import Compilation
-from .errors import PlanError, did_you_mean
-from .plan import Plan, load_plan
-from .registry import get_registry
-from .serving import planned_variants, serve
+from pipeline.compilation import COMPILATION_ATTR as _ATTR, Compilation, compilation_of
+from pipeline.errors import PlanError, did_you_mean
+from pipeline.plan.schema import Plan, load_plan
+from pipeline.registry import get_registry
+from pipeline.serving import planned_variants, serve
 
-_ATTR = "__pipeline_compilation__"
 
 
 def compile_with_plan(model: Any, plan: Any = "default", *, report: bool | str | os.PathLike | None = None,
@@ -137,15 +136,6 @@ def _bind_instance_methods(compiled: torch.nn.Module, model: torch.nn.Module, pl
 def _compiled_again(model: torch.nn.Module, plan: dict) -> torch.nn.Module:
     """A copied compiled module: ``model`` compiled with the plan the original was compiled with."""
     return compile_with_plan(model, plan)
-
-
-def compilation_of(compiled: Any) -> Compilation:
-    """The :class:`Compilation` record behind a result of :func:`compile_with_plan`: its plan,
-    graphs (with per-pass times and notes), graph breaks, recompiles and fallbacks."""
-    found = getattr(compiled, _ATTR, None)
-    if found is None:
-        raise TypeError(f"{type(compiled).__name__} was not made by compile_with_plan")
-    return found
 
 
 def plan_of(compiled: Any) -> Plan:

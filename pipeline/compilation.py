@@ -17,49 +17,33 @@ import attrs
 import torch
 import torch.fx
 
-from . import compat
-from .errors import ExpectationError, PassFailure, PipelineError
-from .fused import count_kernels
-from .graph_cache import GraphCache
-from .graph_contents import graph_contents
-from .graph_pass import CaptureContext, Fuel, JointGraph, PassContext
-from .instruments import GraphSources, PassTimer, Snapshots, SourceDump, copy_graph
-from .ir import saved_for_backward
-from .logs import get_logger
-from .manager import BoundPass, PassManager
-from .plan import Plan, role_pipeline
-from .progress import Progress
-from .registry import Registry
-from .verification import FirstCallVerifier
+from pipeline import compat
+from pipeline.errors import ExpectationError, PassFailure, PipelineError
+from pipeline.cache.graphs import GraphCache
+from pipeline.graph_pass import CaptureContext, Fuel, JointGraph, PassContext
+from pipeline.instruments import GraphSources, PassTimer, Snapshots, SourceDump, copy_graph
+from pipeline.ir import saved_for_backward
+from pipeline.logs import get_logger
+from pipeline.manager import BoundPass, PassManager
+from pipeline.metrics import Outcome, check_limits, defaults, measure_all
+from pipeline.plan.schema import Plan, role_pipeline
+from pipeline.progress import Progress
+from pipeline.record import GraphRecord
+from pipeline.reproducer import Failure, write_reproducer
+from pipeline.training import split_training_graph
+from pipeline.registry import Registry
+from pipeline.verification import FirstCallVerifier
 
 REPORT_DIR_ENV = "PIPELINE_REPORT_DIR"
-
-
-@attrs.define(eq=False)
-class GraphRecord:
-    """What happened to one captured graph."""
-
-    graph_id: str
-    role: str
-    nodes_in: int
-    passes: list = attrs.field(factory=list)
-    notes: list = attrs.field(factory=list)
-    tags: list = attrs.field(factory=list)
-    fallback: str | None = None
-    verified: str = "not requested"
-    kernels: int = 0
-    cudagraphs: bool = False
-    seconds: float = 0.0
-    final_code: str = ""
-    contents: dict = attrs.field(factory=dict)   # kernels, eager_groups, extern_calls (graph_contents)
-    sources: list = attrs.field(factory=list)    # {"stage", "code"}: as captured, then after each pass
-    reproducer: str | None = None
-    cache: dict = attrs.field(factory=dict)      # the compile cache's outcome (graph_cache.Probe.summary)
-    saved: dict | None = None   # backward graphs: what the forward saved for it (ir.saved_for_backward)
+COMPILATION_ATTR = "__pipeline_compilation__"   # where a compiled model or function keeps its Compilation
 
 
 class Compilation:
     """The state of compiling one model with one plan; given back by :func:`compilation_of`."""
+
+    #: Writes the compile report into a folder (``pipeline.tools.report`` sets it when imported,
+    #: as ``import pipeline`` does): ``report_writer(compilation, folder, subfolder=...)``.
+    report_writer: Callable | None = None
 
     def __init__(self, plan: Plan, registry: Registry, *, report: bool | str | os.PathLike | None = None,
                  fuel: Fuel | None = None):
@@ -128,13 +112,13 @@ class Compilation:
                                                           tags=joint_tags.get("tags")))
         return self._compile_one(gm, compat.backend_inputs(gm, example_inputs), graph_id, "inference")
 
-    def _capture_tags(self) -> set[str]:
+    def capture_tags(self) -> set[str]:
+        """The invariant tags the capture pass gives every graph it hands over."""
         return set(type(self.capture.instance).provided(self.capture.instance.options))
 
     def _partition(self, joint: torch.fx.GraphModule, flat_inputs: list, num_primals: int,
                    num_forward_outputs: int, graph_id: str, joint_tags: dict) -> tuple:
         """AOTAutograd's partition hook: the joint passes, then the split pass (:mod:`.training`)."""
-        from .training import split_training_graph
         joint_tags["forward_outputs"] = num_forward_outputs
         joint_graph = JointGraph(module=joint, example_inputs=flat_inputs, num_primals=num_primals,
                                  num_forward_outputs=num_forward_outputs)
@@ -173,20 +157,20 @@ class Compilation:
     def _compile_locked(self, gm: torch.fx.GraphModule, example_inputs: list, graph_id: str,
                         role: str, *, tags: set | None, forward_outputs: int | None) -> Callable:
         start = time.perf_counter()
-        record = GraphRecord(graph_id=graph_id, role=role, nodes_in=len(gm.graph.nodes))
+        record = self.new_record(graph_id, role, gm)
         if role == "backward":
             record.saved = saved_for_backward(gm)
         self.graphs.append(record)
         plan = self.plan
         passes, positions = self._role_passes(role)
         original = copy_graph(gm) if (plan.verify != "off" or plan.on_error == "eager") else gm
-        context = PassContext(graph_id=graph_id, target=self._target(example_inputs),
-                              example_inputs=example_inputs, plan=plan, role=role,
-                              tags=set(tags) if tags is not None else self._capture_tags(),
+        context = PassContext(graph_id=graph_id, target=self.target_for(example_inputs),
+                              example_inputs=example_inputs, cache=plan.cache, role=role,
+                              tags=set(tags) if tags is not None else self.capture_tags(),
                               fuel=self.fuel, record=record, forward_outputs=forward_outputs)
         probe, cached, recorded = self.cache.lookup(
             gm, example_inputs, plan=plan, passes=[self.capture, *passes], role=role,
-            target=context.target, graph_id=graph_id, bypass=self._cache_bypass())
+            target=context.target, graph_id=graph_id, bypass=self.cache_bypass(), context=context)
         record.cache = probe.summary()
         if cached is not None:
             context.notes.extend(recorded.get("notes", []))
@@ -217,7 +201,7 @@ class Compilation:
                                             positions[min(done, len(positions) - 1)], example_inputs, context)
             return self._fail(exc, record, original, start)
         finally:
-            record.notes = context.notes      # shared: run-time decisions (cudagraphs) land here too
+            record.notes = context.notes      # shared: decisions objects in the graph make at run time land here too
             record.tags = sorted(context.tags)
         store = None
         if cached is None:
@@ -235,12 +219,10 @@ class Compilation:
                 store()
                 store = None
         record.final_code = final.code
-        record.kernels = count_kernels(final)
-        record.contents = graph_contents(final)
-        record.cudagraphs = "cudagraphs" in context.tags
+        record.metrics = measure_all(self.registry.metrics, final, context)
         record.seconds = time.perf_counter() - start
         self.compile_seconds += record.seconds
-        _log_graph(record)
+        _log_graph(record, self.registry.metrics)
         if plan.verify == "off":
             return final.forward
         if snapshots is not None:
@@ -255,7 +237,7 @@ class Compilation:
                                  plugins=plugins, on_error=plan.on_error, plan=plan, tags=tags,
                                  target=context.target, on_verified=store)
 
-    def _cache_bypass(self) -> str | None:
+    def cache_bypass(self) -> str | None:
         """Why this compile must run the passes even when the cache holds the graph (debugging modes
         that observe or limit the passes), or None."""
         if self.plan.verify == "each":
@@ -269,7 +251,6 @@ class Compilation:
     def _with_reproducer(self, exc: PassFailure, record: GraphRecord, received: torch.fx.GraphModule,
                          position: int, example_inputs: list, context: PassContext) -> PassFailure:
         """Under ``verify: each``, a pass that raised leaves a reproducer of the graph it received."""
-        from .repro import Failure, write_reproducer
         cause = exc.__cause__
         failure = Failure(kind="exception", exception_type=type(cause or exc).__name__,
                           message=str(cause or exc))
@@ -297,12 +278,22 @@ class Compilation:
         self.compile_seconds += record.seconds
         if self.plan.on_error == "eager":
             record.fallback = str(exc)
+            # What runs is the graph as captured: measure that (no tags: no pass's promise holds).
+            record.metrics = measure_all(self.registry.metrics, original,
+                                         PassContext(graph_id=record.graph_id, target=self.target_for([]),
+                                                     example_inputs=[], role=record.role))
             warnings.warn(f"pipeline: graph {record.graph_id} runs eagerly (plan on_error: eager): {exc}",
                           stacklevel=2)
             return original
         raise exc
 
-    def _target(self, example_inputs: list) -> str:
+    def new_record(self, graph_id: str, role: str, gm: torch.fx.GraphModule) -> GraphRecord:
+        """A graph's record, every registered metric at its default until the graph is measured."""
+        return GraphRecord(graph_id=graph_id, role=role, nodes_in=len(gm.graph.nodes),
+                           metrics=defaults(self.registry.metrics))
+
+    def target_for(self, example_inputs: list) -> str:
+        """The plan's target, or for ``auto`` the device of the example inputs (cuda or cpu)."""
         if self.plan.target != "auto":
             return self.plan.target
         for value in example_inputs:
@@ -372,9 +363,10 @@ class Compilation:
         if self.report_dir is None or self.version == self._reported_version:
             return
         self._reported_version = self.version
-        from .report import write_report
+        if Compilation.report_writer is None:
+            return
         try:
-            self.report_path = str(write_report(self, self.report_dir, subfolder=self.report_subfolder))
+            self.report_path = str(Compilation.report_writer(self, self.report_dir, subfolder=self.report_subfolder))
         except OSError as exc:   # a report must never turn a working call into a failing one
             warnings.warn(f"pipeline: could not write the compile report to {self.report_dir}: {exc}",
                           stacklevel=3)
@@ -382,32 +374,28 @@ class Compilation:
         get_logger("passes").info("compile report: %s", self.report_path)
 
     def measurements(self) -> dict:
-        """What the plan's ``expect:`` limits are checked against, by expectation key."""
+        """What the engine's ``expect:`` limits are checked against, by expectation key."""
         return {
             "max_graph_breaks": len(self.graph_breaks),
             "max_recompiles": len(self.recompiles) - (self.warmup or {}).get("recompiles", 0),
-            "max_kernels": sum(r.kernels for r in self.graphs),
             "max_compile_seconds": round(self.compile_seconds, 3),
         }
+
+    def expectation_outcomes(self) -> list[Outcome]:
+        """Every expectation the plan sets, in the engine's keys and the registered metrics'."""
+        expect = self.plan.expect
+        out = [Outcome(key, getattr(expect, key), value, value <= getattr(expect, key))
+               for key, value in self.measurements().items() if getattr(expect, key) is not None]
+        return out + check_limits(self.registry.metrics, expect.limits, self.graphs)
 
     def check_expectations(self) -> None:
         """Raise :class:`ExpectationError` (or warn, per ``expect.on_miss``) naming every missed
         expectation and the value the compile measured."""
-        expect = self.plan.expect
-        misses = []
-        for key, value in self.measurements().items():
-            limit = getattr(expect, key)
-            if limit is not None and value > limit:
-                misses.append(f"expect.{key} is {limit} but the compile measured {value}")
-        if expect.cudagraphs is not None and self.graphs:
-            wrapped = [r.cudagraphs for r in self.graphs]
-            if (expect.cudagraphs == "full" and not all(wrapped)) or (expect.cudagraphs == "any" and not any(wrapped)):
-                misses.append(f"expect.cudagraphs is '{expect.cudagraphs}' but {sum(wrapped)} of "
-                              f"{len(wrapped)} graphs run under CUDA graphs")
+        misses = [o.message() for o in self.expectation_outcomes() if not o.ok]
         if not misses:
             return
         message = f"plan '{self.plan.name}' ({self.plan.source}): " + "; ".join(misses)
-        if expect.on_miss == "error":
+        if self.plan.expect.on_miss == "error":
             raise ExpectationError(message)
         warnings.warn(message, stacklevel=3)
 
@@ -415,7 +403,7 @@ class Compilation:
         """A plain-data summary of the compile (the core of the compile report)."""
         return {
             "plan": self.plan.name,
-            "graphs": [attrs.asdict(r) for r in self.graphs],
+            "graphs": [{**attrs.asdict(r), **r.metrics} for r in self.graphs],   # metrics by name too
             "graph_count": self._graph_count(),
             "graph_breaks": list(self.graph_breaks),
             "recompiles": list(self.recompiles),
@@ -427,34 +415,25 @@ class Compilation:
         }
 
 
-def _log_graph(record: GraphRecord) -> None:
-    """One compiled graph on the passes, fusion, codegen and cudagraphs topics."""
+def compilation_of(compiled: Any) -> Compilation:
+    """The :class:`Compilation` record behind a result of :func:`compile_with_plan`: its plan,
+    graphs (with per-pass times and notes), graph breaks, recompiles and fallbacks."""
+    found = getattr(compiled, COMPILATION_ATTR, None)
+    if found is None:
+        raise TypeError(f"{type(compiled).__name__} was not made by compile_with_plan")
+    return found
+
+
+def _log_graph(record: GraphRecord, metrics: dict) -> None:
+    """One compiled graph on the passes topic, and on each metric's topics."""
     passes = get_logger("passes")
     if passes.isEnabledFor(logging.INFO):
         for entry in record.passes:
             passes.info("%s %s: %.2f ms, %d -> %d nodes", record.graph_id, entry["pass"],
                         entry["seconds"] * 1e3, entry["nodes_before"], entry["nodes_after"])
-    fusion = get_logger("fusion")
-    if fusion.isEnabledFor(logging.INFO):
-        for group in record.contents["kernels"] + record.contents["eager_groups"]:
-            fusion.info("%s group %s (%s, domain %s): %s", record.graph_id, group["name"], group["kind"],
-                        group["domain"], ", ".join(group["ops"]))
-    codegen = get_logger("codegen")
-    if codegen.isEnabledFor(logging.INFO):
-        for kernel in record.contents["kernels"]:
-            codegen.info("%s kernel %s (%s, %d ops)", record.graph_id, kernel["kernel"], kernel["backend"],
-                         len(kernel["ops"]))
-            codegen.debug("%s kernel %s source:\n%s", record.graph_id, kernel["kernel"], kernel["source"])
-        for group in record.contents["eager_groups"]:
-            codegen.info("%s group %s has no kernel (runs eagerly)", record.graph_id, group["name"])
-    cudagraphs = get_logger("cudagraphs")
-    if cudagraphs.isEnabledFor(logging.INFO):
-        reasons = [n["message"] for n in record.notes if n.get("topic") == "cudagraphs"]
-        if record.cudagraphs:
-            cudagraphs.info("%s runs under CUDA graphs", record.graph_id)
-        else:
-            cudagraphs.info("%s does not run under CUDA graphs: %s", record.graph_id,
-                            "; ".join(reasons) or "no pass in the plan wrapped it")
+    for name, metric in metrics.items():
+        if metric.log is not None and name in record.metrics:
+            metric.log(record.graph_id, record.metrics[name], record.notes)
 
 
-__all__ = ["Compilation", "GraphRecord", "REPORT_DIR_ENV"]
+__all__ = ["Compilation", "GraphRecord", "REPORT_DIR_ENV", "compilation_of"]

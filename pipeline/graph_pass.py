@@ -10,8 +10,8 @@ from typing import Any, Callable, ClassVar
 import attrs
 import torch.fx
 
-from .logs import get_logger
-from .options import NoOptions
+from pipeline.logs import get_logger
+from pipeline.options import NoOptions
 
 # A compiled graph's entry point: takes the graph's flat inputs, returns its outputs.
 GraphCompiler = Callable[[torch.fx.GraphModule, list], Callable]
@@ -51,6 +51,11 @@ class Pass:
     def provided(cls, options: Any) -> frozenset[str]:
         """Tags this pass establishes with these options (override when options change them)."""
         return frozenset(cls.provides)
+
+    def cache_material(self) -> Any:
+        """What this pass's output depends on beyond its code, version and options (for example a
+        table plugins extend), as JSON-ready data; it feeds the compile cache key. None: nothing."""
+        return None
 
     def run(self, graph: torch.fx.GraphModule, context: "PassContext") -> torch.fx.GraphModule:
         """Return a graph computing the same outputs (and input mutations) as ``graph``.
@@ -147,26 +152,32 @@ class PassContext:
     graph_id: str
     target: str
     example_inputs: list
-    plan: Any
+    cache: Any = None       # the plan's cache settings (CacheSettings; None: the default cache)
     role: str = "inference"
     tags: set = attrs.field(factory=set)
     notes: list = attrs.field(factory=list)
     current_pass: str | None = None
     fuel: Fuel | None = None
-    record: Any = None      # the GraphRecord of this graph: objects a pass leaves in the graph may update it at run time
+    record: Any = None      # the GraphRecord of this graph (see set_metric)
     #: A training step's forward graph (split by the plan's split pass): how many of its outputs are
     #: the step's results; the outputs after them are what the backward reads (saved tensors, then
     #: saved SymInts). None for other graphs, and for a forward torch's partitioner split.
     forward_outputs: int | None = None
 
     def note(self, message: str, *, topic: str = "passes") -> None:
-        """Record a decision (fusion choice, skipped rewrite, cache hit...) for the compile report,
+        """Record a decision (a rewrite chosen or skipped, a cache hit...) for the compile report,
         and log it on the ``pipeline.<topic>`` logger (topics: see :mod:`pipeline.logs`; the
-        report files ``fusion``, ``cache`` and ``cudagraphs`` notes in their own sections)."""
+        report files ``cache`` notes, and notes a registered metric reads, in their own sections)."""
         self.notes.append({"pass": self.current_pass, "topic": topic, "message": message})
         logger = get_logger(topic)
         if logger.isEnabledFor(logging.INFO):
             logger.info("%s [%s] %s", self.graph_id, self.current_pass, message)
+
+    def set_metric(self, name: str, value: Any) -> None:
+        """Change a registered metric's value for this graph after the compile (an object the pass
+        left in the graph decides at run time, for example that a CUDA graph cannot be recorded)."""
+        if self.record is not None:
+            self.record.metrics[name] = value
 
     def use_fuel(self, what: str = "") -> bool:
         """Ask before applying one rewrite: False means skip it (and, usually, the rest).

@@ -40,6 +40,12 @@ class PipelineSpecs:
         Checks run after every pass that claims the tag, when the plan's ``verify`` is not ``off``."""
 
     @hookspec
+    def pipeline_register_metrics(self) -> list[Any]:
+        """Return :class:`pipeline.Metric` objects: measurements of every compiled graph (kernels,
+        CUDA graphs, ...) that land in the record and the report and that the plan's ``expect:``
+        keys the metric declares are checked against. Names and ``expect`` keys must be unique."""
+
+    @hookspec
     def pipeline_before_pass(self, pass_: Any, graph: Any, context: Any) -> None:
         """Called before every pass runs on a graph. ``pass_`` is the bound pass instance, ``graph``
         the ``fx.GraphModule`` it will receive, ``context`` the :class:`pipeline.PassContext`.

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch.fx
 
-from .hooks import hookimpl
+from pipeline.hooks import hookimpl
 
 
 def copy_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

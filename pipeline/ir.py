@@ -7,7 +7,7 @@ from typing import Any, Callable
 import torch
 import torch.fx
 
-from . import compat
+from pipeline import compat
 
 # Calls that must stay even when nothing uses their result.
 _SIDE_EFFECTS = {torch._assert, print}

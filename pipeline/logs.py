@@ -17,7 +17,7 @@ import sys
 import warnings
 from typing import Iterable
 
-from .errors import nearest
+from pipeline.errors import nearest
 
 ROOT = "pipeline"
 ENV = "PIPELINE_LOGS"

@@ -10,9 +10,9 @@ from typing import Any
 
 import torch.fx
 
-from .errors import PassFailure, PipelineError
-from .graph_pass import Pass, PassContext
-from .registry import PluginInfo, Registry
+from pipeline.errors import PassFailure, PipelineError
+from pipeline.graph_pass import Pass, PassContext
+from pipeline.registry import PluginInfo, Registry
 
 
 class BoundPass:

@@ -24,8 +24,8 @@ from typing import Any, Callable, Literal, Union
 
 import attrs
 
-from .errors import PlanError, did_you_mean, nearest
-from .yamlio import clip, line_of
+from pipeline.errors import PlanError, did_you_mean, nearest
+from pipeline.plan.yamlio import clip, line_of
 
 _NO_DEFAULT = attrs.NOTHING
 

@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from .hooks import hookimpl
+from pipeline.hooks import hookimpl
 
 ENV = "PIPELINE_PROGRESS"
 ENV_AFTER = "PIPELINE_PROGRESS_AFTER"

@@ -17,10 +17,11 @@ from typing import Any, Iterable
 import attrs
 import pluggy
 
-from .errors import RegistrationError, did_you_mean
-from .graph_pass import CapturePass, Pass, SplitPass
-from .hooks import ENTRY_POINT_GROUP, PROJECT, PipelineSpecs
-from .options import option_class_problem
+from pipeline.errors import RegistrationError, did_you_mean
+from pipeline.graph_pass import CapturePass, Pass, SplitPass
+from pipeline.hooks import ENTRY_POINT_GROUP, PROJECT, PipelineSpecs
+from pipeline.metrics import ExpectationFields, Metric, limit_fields
+from pipeline.options import option_class_problem
 
 OWN_DISTRIBUTION = "plan-pipeline"
 BUILTIN_MODULE = "passes"
@@ -74,6 +75,8 @@ class Registry:
         self.passes: dict[str, PassEntry] = {}
         self.plans: dict[str, PlanEntry] = {}
         self.invariants: dict[str, list[tuple[Any, PluginInfo]]] = {}
+        self.metrics: dict[str, Metric] = {}
+        self.metric_plugins: dict[str, PluginInfo] = {}
         # Installed plugin distributions skipped because autoload is off (PIPELINE_DISABLE_PLUGIN_AUTOLOAD).
         self.not_autoloaded: list[PluginInfo] = []
 
@@ -102,6 +105,8 @@ class Registry:
         passes = self._collect(pm, "pipeline_register_passes", info)
         plans = self._collect(pm, "pipeline_register_plans", info)
         invariants = self._collect(pm, "pipeline_register_invariants", info)
+        metrics = self._collect(pm, "pipeline_register_metrics", info)
+        new_metrics = self._check_metrics(metrics, info)
         new_passes = {}
         for cls in passes:
             self._check_pass_class(cls, info)
@@ -132,6 +137,8 @@ class Registry:
                 self.invariants.setdefault(tag, []).append((check, info))
         self.passes.update(new_passes)
         self.plans.update(new_plans)
+        self.metrics.update(new_metrics)
+        self.metric_plugins.update({name: info for name in new_metrics})
         self.plugins.append(info)
         return info
 
@@ -154,6 +161,29 @@ class Registry:
                 raise RegistrationError(f"plugin {info}: {hook_name} must return a list, got "
                                         f"{type(result).__name__}")
         return out
+
+    def _check_metrics(self, metrics: list, info: PluginInfo) -> dict[str, Metric]:
+        new: dict[str, Metric] = {}
+        keys = {key: self.metric_plugins[m.name] for key, (m, _) in limit_fields(self.metrics).items()}
+        reserved = {f.name for f in attrs.fields(ExpectationFields)}
+        for metric in metrics:
+            if not isinstance(metric, Metric):
+                raise RegistrationError(f"plugin {info}: pipeline_register_metrics must return "
+                                        f"pipeline.Metric objects, got {type(metric).__name__}")
+            if metric.name in self.metrics or metric.name in new:
+                other = self.metric_plugins.get(metric.name, info)
+                raise RegistrationError(f"metric '{metric.name}' is registered twice: by {other} and by {info}")
+            problem = option_class_problem(metric.limits)
+            if problem:
+                raise RegistrationError(f"plugin {info}: metric '{metric.name}' has a limits class that {problem}")
+            for f in attrs.fields(metric.limits):
+                if f.name in keys or f.name in reserved:
+                    owner = keys.get(f.name, "the engine")
+                    raise RegistrationError(f"plugin {info}: metric '{metric.name}' declares expect key "
+                                            f"'{f.name}', which {owner} already declares")
+                keys[f.name] = info
+            new[metric.name] = metric
+        return new
 
     @staticmethod
     def _check_pass_class(cls: Any, info: PluginInfo) -> None:

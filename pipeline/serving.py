@@ -1,6 +1,6 @@
 """Serving runtime: the plan's declared shape buckets, warm-up, and compiler stances.
 
-When a plan declares ``shapes:`` (see :mod:`pipeline.shapes`), :func:`serve` wraps the capture
+When a plan declares ``shapes:`` (see :mod:`pipeline.plan.shapes`), :func:`serve` wraps the capture
 pass's runner in a :class:`BucketedRunner`. The padding lives here, in the engine, around whatever
 the capture pass returned, so it works for every capture pass and knows no pass by name.
 
@@ -28,9 +28,10 @@ from typing import Any, Callable
 
 import torch
 
-from . import compat
-from .errors import PipelineError, RecompileError, ShapeError
-from .shapes import ShapeSettings
+from pipeline import compat
+from pipeline.compilation import compilation_of
+from pipeline.errors import PipelineError, RecompileError, ShapeError
+from pipeline.plan.shapes import ShapeSettings
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
@@ -325,7 +326,6 @@ def warmup(compiled: Any, *args: Any, **kwargs: Any) -> dict:
     serve in (e.g. inside ``torch.no_grad()``): Dynamo guards on it. Without declared buckets it
     is one call of the model. Returns the warm-up record (combinations, graphs compiled,
     recompiles, seconds), also kept as ``compilation_of(compiled).warmup``."""
-    from .api import compilation_of
     compilation = compilation_of(compiled)
     runner = getattr(compilation, "serving", None)
     if runner is None:

@@ -26,12 +26,12 @@ from typing import Any
 import attrs
 import torch.fx
 
-from . import compat
-from .compilation import GraphRecord
-from .errors import PassFailure, PipelineError
-from .graph_pass import JointGraph, PassContext
-from .instruments import GraphSources, PassTimer, SourceDump, copy_graph
-from .manager import BoundPass, PassManager
+from pipeline import compat
+from pipeline.record import GraphRecord
+from pipeline.errors import PassFailure, PipelineError
+from pipeline.graph_pass import JointGraph, PassContext
+from pipeline.instruments import GraphSources, PassTimer, SourceDump, copy_graph
+from pipeline.manager import BoundPass, PassManager
 
 
 def split_training_graph(compilation: Any, joint: JointGraph, passes: list[BoundPass], split: BoundPass,
@@ -43,15 +43,15 @@ def split_training_graph(compilation: Any, joint: JointGraph, passes: list[Bound
     start = time.perf_counter()
     plan = compilation.plan
     module = joint.module
-    record = GraphRecord(graph_id=graph_id, role="joint", nodes_in=len(module.graph.nodes))
+    record = compilation.new_record(graph_id, "joint", module)
     if plan.verify != "off":
         record.verified = "not run: a joint graph is checked through its forward and backward halves"
     compilation.graphs.append(record)
     names = [n.name for n in module.graph.nodes if n.op == "placeholder"]
     original = copy_graph(module) if plan.on_error == "eager" else None
-    context = PassContext(graph_id=graph_id, target=compilation._target(joint.example_inputs),
-                          example_inputs=joint.example_inputs, plan=plan, role="joint",
-                          tags=compilation._capture_tags(), fuel=compilation.fuel, record=record)
+    context = PassContext(graph_id=graph_id, target=compilation.target_for(joint.example_inputs),
+                          example_inputs=joint.example_inputs, cache=plan.cache, role="joint",
+                          tags=compilation.capture_tags(), fuel=compilation.fuel, record=record)
     instruments: list = [PassTimer(record)]
     if compilation.record_sources:
         instruments.append(GraphSources(record))
@@ -91,7 +91,7 @@ def split_training_graph(compilation: Any, joint: JointGraph, passes: list[Bound
                       f"eager): {exc}", stacklevel=2)
         halves = compat.torch_partition(original, joint.example_inputs, num_primals=joint.num_primals,
                                         num_forward_outputs=joint.num_forward_outputs, strategy="default")
-        joint_tags["tags"] = compilation._capture_tags()
+        joint_tags["tags"] = compilation.capture_tags()
     finally:
         record.notes = context.notes
         record.tags = sorted(context.tags)
@@ -109,7 +109,7 @@ def _cached_halves(compilation: Any, joint: JointGraph, passes: list[BoundPass],
     for half in ("forward", "backward"):
         probe, graph, recorded = compilation.cache.lookup(
             joint.module, joint.example_inputs, plan=compilation.plan, passes=passes, role=f"joint-{half}",
-            target=target, graph_id=f"{graph_id} ({half})", bypass=compilation._cache_bypass())
+            target=target, graph_id=f"{graph_id} ({half})", bypass=compilation.cache_bypass())
         probes.append(probe)
         found.append((graph, recorded))
     if any(graph is None for graph, _ in found):

@@ -1,7 +1,7 @@
 """``verify: final|each``: on a compiled graph's first call, run the graph as captured and the
 graph after each pass on copies of the real inputs, and compare outputs and input mutations.
 A mismatch names the first pass that changed the result and writes a reproducer
-(:mod:`pipeline.repro`)."""
+(:mod:`pipeline.tools.repro`)."""
 from __future__ import annotations
 
 import warnings
@@ -10,9 +10,10 @@ from typing import Any, Callable
 import torch
 import torch.fx
 
-from . import compat
-from .errors import VerificationError
-from .numerics import compare
+from pipeline import compat
+from pipeline.errors import VerificationError
+from pipeline.numerics import compare
+from pipeline.reproducer import Failure, write_reproducer
 
 
 def clone_inputs(args: tuple | list) -> list:
@@ -123,7 +124,6 @@ class FirstCallVerifier:
 
     def _mismatch(self, pass_name: str, position: int, before: torch.fx.GraphModule, problem: str,
                   args: tuple):
-        from .repro import Failure, write_reproducer
         each = self.plan.verify == "each"
         plugin = self.plugins.get(pass_name, "?")
         repro = write_reproducer(graph_id=self.record.graph_id, position=position, plugin=plugin,

@@ -82,7 +82,7 @@ def installed_plugin(folder: str | Path, work: Path, *, distribution: str, versi
 @pytest.fixture(scope="session")
 def sample_plugin(tmp_path_factory: pytest.TempPathFactory):
     """Install ``pipeline-sample-plugin`` 0.3.0 into a temporary folder, put it on ``sys.path`` and
-    reload the registry; undo all of it at the end of the session."""
+    reload the registry; undo all of it at the end of the test run."""
     with installed_plugin("pipeline_sample_plugin", tmp_path_factory.mktemp("sample-plugin"),
                           distribution="pipeline-sample-plugin", version="0.3.0",
                           module="pipeline_sample_plugin") as plugin:
@@ -114,7 +114,7 @@ def triton_interpreter_ready(request: pytest.FixtureRequest) -> bool:
     ``TRITON_INTERPRET`` is set to something other than 1; return False (the test should run
     without setting anything up) for such a module's ``test_module_in_a_fresh_process`` when
     triton was already imported without the interpreter, which skips the module's other tests."""
-    from passes.codegen import triton_runtime
+    from passes.codegen.triton import runtime as triton_runtime
     if not triton_runtime.interpreting():
         pytest.skip("TRITON_INTERPRET is set to something other than 1 in the environment")
     if triton_runtime.interpreter_problem():
@@ -128,15 +128,15 @@ def triton_interpreter_ready(request: pytest.FixtureRequest) -> bool:
 def record_triton_graphs(monkeypatch: pytest.MonkeyPatch, seen) -> None:
     """Call ``seen(graph)`` with every graph the Triton branch of ``codegen`` produces (for the
     interpreter modules, which inspect the kernels it made)."""
-    from passes.codegen import triton_runtime
-    original = triton_runtime.generate
+    from passes.codegen.triton import generate as triton_generate
+    original = triton_generate.generate
 
     def recording(graph, context, **kwargs):
         out = original(graph, context, **kwargs)
         seen(out)
         return out
 
-    monkeypatch.setattr(triton_runtime, "generate", recording)
+    monkeypatch.setattr(triton_generate, "generate", recording)
 
 
 def record_kernels(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest, into: list,
@@ -161,7 +161,7 @@ def rerun_with_interpreter(module_file: str) -> None:
     """The body of an interpreter module's ``test_module_in_a_fresh_process``: only when something
     imported triton before the module could set ``TRITON_INTERPRET`` (the interpreter needs it at
     import time), run the module's tests again in a new process; else skip."""
-    from passes.codegen import triton_runtime
+    from passes.codegen.triton import runtime as triton_runtime
     if triton_runtime.interpreter_problem() is None:
         pytest.skip("the interpreter works in this process; the module's tests ran here")
     env = dict(os.environ, TRITON_INTERPRET="1")

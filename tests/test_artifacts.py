@@ -11,7 +11,7 @@ import torch
 
 from pipeline import cache
 from pipeline import ArtifactError, compile_with_plan, describe_artifacts, load_artifacts, save_artifacts
-from pipeline.cli import main
+from pipeline.tools.cli import main
 
 from test_cache import Small, run_worker, worker_result
 

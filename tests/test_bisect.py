@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import pipeline
-from pipeline.bisect import load_target
-from pipeline.cli import main
+from pipeline.tools.bisect import load_target
+from pipeline.tools.cli import main
 
 DIST = "pipeline-miscompile-plugin 1.0.0 (pipeline_miscompile_plugin)"
 

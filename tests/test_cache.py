@@ -130,7 +130,7 @@ def test_a_changed_kernel_library_is_rebuilt_not_loaded(tmp_path):
     damaged = libraries[0].with_suffix(".damaged")
     damaged.write_bytes(b"not a shared library")
     os.replace(damaged, libraries[0])   # a new file: the library this process mapped stays intact
-    from passes.codegen import cpp_build
+    from passes.codegen.cpp import build as cpp_build
     cpp_build._loaded.clear()           # this process loaded the library already
     again, out, expected = compile_and_call(tmp_path)
     assert only_graph(again).cache["status"] == "hit"
@@ -295,7 +295,7 @@ def test_a_graph_on_one_gpu_has_the_same_key_on_every_gpu_of_the_host_and_is_rel
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from pipeline.cache import digest, key_material, relocate_cuda
-    from pipeline.graph_io import data_to_graph, graph_to_data
+    from pipeline.cache.graph_io import data_to_graph, graph_to_data
     from pipeline.plan import load_plan
 
     plan = load_plan("default")

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from pipeline import get_registry, load_plan
-from pipeline.cli import main
+from pipeline.tools.cli import main
 from pipeline.options import describe
 
 REPO = Path(__file__).resolve().parents[1]
@@ -124,7 +124,7 @@ def test_resolve_of_a_bad_plan_is_an_error_message(tmp_path, capsys):
 def test_validate_command_exits_1_with_a_located_message_and_no_traceback(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: p\npasses:\n  - capture\n  - functionalize\n  - decompose: {kep: []}\n")
-    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "plan", "validate", str(bad)], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "pipeline.tools.cli", "plan", "validate", str(bad)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert "Traceback" not in done.stderr

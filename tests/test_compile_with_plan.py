@@ -8,7 +8,7 @@ import torch
 
 import pipeline
 from pipeline import compilation_of, compile_with_plan
-from pipeline.demo import ExampleMLP
+from pipeline.tools.demo import ExampleMLP
 from pipeline.numerics import compare
 
 
@@ -304,7 +304,7 @@ def test_ignore_logging_logs_no_errors_and_drops_only_torchs_unsortable_config_r
     skipped logging functions: that one harmless error record is dropped, any other one passes."""
     import logging
 
-    from pipeline.compat_dynamo import _unsortable_config_error
+    from pipeline.compat.dynamo import _unsortable_config_error
 
     def f(x):
         logging.getLogger("pipeline.tests.quiet").info("skipped")

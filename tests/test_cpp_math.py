@@ -1,4 +1,4 @@
-"""The C++ backend's float exp and exp2 (written out in ``passes/codegen/cpp_source.py``'s header)
+"""The C++ backend's float exp and exp2 (written out in ``passes/codegen/cpp/source.py``'s header)
 and erf (libmvec's, through the same header):
 accuracy against float64 over a dense sample of every finite float (every 997th bit pattern), the
 special values (NaN, infinities, overflow, gradual underflow, signed zeros), the vectorized loop
@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from passes.codegen.cpp_build import build
-from passes.codegen.cpp_source import HEADER
+from passes.codegen.cpp.build import build
+from passes.codegen.cpp.source import HEADER
 from pipeline import compile_with_plan
 from pipeline.numerics import compare
 

@@ -11,7 +11,7 @@ from pipeline.numerics import compare
 from pipeline.plan import load_plan
 
 CUDA = torch.cuda.is_available()
-needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (runs on the lent H200)")
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (run on an H200)")
 
 
 def mlp() -> torch.nn.Module:
@@ -271,3 +271,52 @@ def test_extra_warm_up_runs_do_not_apply_a_graphs_writes_twice():
         x = torch.randn(16, 8, device="cuda")
         assert compare(f(theirs, x), compiled(ours, x)) is None
         assert torch.allclose(ours, theirs)
+
+
+def test_graphs_of_a_cudagraphs_plan_are_stored_in_the_cache_and_artifacts(tmp_path, monkeypatch):
+    """What is stored is the graph and its recording policy; the runner rebuilt from the entry
+    records again on its first call. On CPU the runner is made to wrap the graph and to run it
+    eagerly instead of recording (the recording itself is tested on the GPU)."""
+    import pipeline
+    import passes.cudagraphs as cudagraphs
+    monkeypatch.delenv("PIPELINE_CACHE_GRAPHS", raising=False)
+    monkeypatch.setattr(cudagraphs, "static_skip_reason", lambda graph, context, roles: None)
+    monkeypatch.setattr(cudagraphs.CudaGraphRunner, "_record", lambda self, args: self.graph(*args))
+    overrides = {"cache": {"dir": str(tmp_path / "cache")}, "options": {"cudagraphs": {"clone_outputs": False}}}
+    model, x = mlp(), torch.randn(8, 32)
+    with torch.no_grad():
+        first = compile_with_plan(model, "reduce-overhead", **overrides)
+        assert compare(model(x), first(x)) is None
+        cold = compilation_of(first).graphs[0]
+        assert cold.cudagraphs and cold.cache["status"] == "miss" and cold.cache["stored"], cold.cache
+        bundle = pipeline.save_artifacts(first, tmp_path / "bundle")
+        second = compile_with_plan(mlp(), "reduce-overhead", **overrides)
+        assert compare(model(x), second(x)) is None
+    warm = compilation_of(second).graphs[0]
+    assert warm.cache["status"] == "hit" and warm.passes == []
+    assert warm.cudagraphs and "cudagraph_replay" in warm.final_code
+    assert warm.kernels == cold.kernels > 0
+    assert "1 compiled graph(s)" in pipeline.describe_artifacts(tmp_path / "bundle") and bundle.exists()
+    assert pipeline.load_artifacts(tmp_path / "bundle", cache_dir=tmp_path / "replica")["entries"] == 1
+    overrides["cache"] = {"dir": str(tmp_path / "replica")}
+    with torch.no_grad():
+        replica = compile_with_plan(mlp(), "reduce-overhead", **overrides)
+        assert compare(model(x), replica(x)) is None
+    assert compilation_of(replica).graphs[0].cache["status"] == "hit"
+
+
+@needs_cuda
+def test_a_runner_rebuilt_from_the_cache_records_and_replays(tmp_path, monkeypatch):
+    monkeypatch.delenv("PIPELINE_CACHE_GRAPHS", raising=False)
+    overrides = {"cache": {"dir": str(tmp_path)}}
+    model, x = mlp().cuda(), torch.randn(8, 32, device="cuda")
+    with torch.no_grad():
+        first = compile_with_plan(model, "reduce-overhead", **overrides)
+        first(x)
+        second = compile_with_plan(model, "reduce-overhead", **overrides)
+        for _ in range(3):
+            y = torch.randn(8, 32, device="cuda")
+            assert compare(model(y), second(y)) is None
+    record = compilation_of(second).graphs[0]
+    assert record.cache["status"] == "hit" and record.cudagraphs
+    assert not [n for n in cudagraph_notes(second) if n.startswith(("not recorded", "a call ran without"))]

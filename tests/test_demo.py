@@ -9,7 +9,7 @@ import io
 
 import pytest
 
-from pipeline.demo import STABLE_RATIO_SPREAD, Spread, Timing, measure_interleaved, run_demo
+from pipeline.tools.demo import STABLE_RATIO_SPREAD, Spread, Timing, measure_interleaved, run_demo
 
 
 def test_eager_and_compiled_calls_alternate_call_by_call_and_swap_order_each_round():

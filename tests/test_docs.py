@@ -22,8 +22,8 @@ import pipeline
 import pipeline.testing
 from build_checks import build_warnings
 from conftest import installed_plugin
-from pipeline.cli import main as cli_main
-from pipeline.docgen import plan_reference
+from pipeline.tools.cli import main as cli_main
+from pipeline.tools.docgen import plan_reference
 from pipeline.options import describe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,7 +45,7 @@ def pass_section(reference: str, name: str) -> str:
 
 def test_committed_plan_reference_is_up_to_date():
     assert REFERENCE.read_text() == plan_reference(), \
-        "docs/plan-reference.md is stale: run python -m pipeline.docgen > docs/plan-reference.md"
+        "docs/plan-reference.md is stale: run python -m pipeline.tools.docgen > docs/plan-reference.md"
 
 
 def test_plan_reference_is_deterministic():

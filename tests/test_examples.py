@@ -33,7 +33,8 @@ except ModuleNotFoundError:  # Python 3.10: pytest depends on tomli there
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES_DIR = ROOT / "examples"
 # What a plugin may import from this project (docs/plugin-guide.md, "The public API").
-PUBLIC_MODULES = {"pipeline", "pipeline.testing", "pipeline.fused", "pipeline.ir", "pipeline.compat"}
+PUBLIC_MODULES = {"pipeline", "pipeline.testing", "passes.kernel_ir.groups", "passes.kernel_ir.rules", "pipeline.ir",
+                  "pipeline.compat"}
 
 
 @attrs.frozen

@@ -88,3 +88,12 @@ def test_a_graph_break_before_any_graph_is_recorded_and_checked():
     strict = pipeline.compile_with_plan(scalar, "default", expect={"max_graph_breaks": 0})
     with pytest.raises(pipeline.ExpectationError, match="max_graph_breaks"):
         strict(torch.tensor(2.0))
+
+
+def test_the_summary_names_each_registered_metric_per_graph():
+    compiled = pipeline.compile_with_plan(scaled, "default")
+    compiled(torch.randn(4))
+    summary = pipeline.compilation_of(compiled).summary()
+    for name in pipeline.get_registry().metrics:
+        assert all(name in g and g[name] == g["metrics"][name] for g in summary["graphs"])
+    assert sum(g["kernels"] for g in summary["graphs"]) >= 1

@@ -1,5 +1,5 @@
 """The Triton backend's branch-free fp32 erf (``pp_erf``) and exact GELU (``pp_gelu``), constants
-from ``benchmarks/fit_erf.py``, run on CPU through the Triton interpreter.
+from ``benchmarks/probes/fit_erf.py``, run on CPU through the Triton interpreter.
 
 As in ``test_triton_backend.py``, ``TRITON_INTERPRET=1`` is set at collection, before anything
 imports triton; should triton have been imported earlier without it, these tests skip (that
@@ -35,7 +35,7 @@ COMPILED: dict = {}       # fn -> its compiled form, for this test (one backend,
 def _interpreter():
     torch._dynamo.reset()
     COMPILED.clear()
-    from passes.codegen import triton_runtime
+    from passes.codegen.triton import runtime as triton_runtime
     if not triton_runtime.interpreting() or triton_runtime.interpreter_problem():
         pytest.skip("needs triton imported with TRITON_INTERPRET=1 (see test_triton_backend.py)")
 
@@ -155,16 +155,17 @@ def test_float64_erf_keeps_libdevice_accuracy():
 
 def generated_sources(fn, x: torch.Tensor, monkeypatch) -> str:
     """The source of every Triton kernel compiling ``fn`` for ``x`` generates."""
-    from passes.codegen import triton_runtime
+    from passes.codegen.triton import generate as triton_generate
+    from passes.codegen.triton import runtime as triton_runtime
     sources = []
-    original = triton_runtime.generate
+    original = triton_generate.generate
 
     def recording(graph, context, **kwargs):
         out = original(graph, context, **kwargs)
         sources.extend(n.target.source for n in out.graph.nodes if isinstance(n.target, triton_runtime.TritonKernel))
         return out
 
-    monkeypatch.setattr(triton_runtime, "generate", recording)
+    monkeypatch.setattr(triton_generate, "generate", recording)
     run_triton(fn, x)
     assert sources, "no Triton kernel was generated"
     return "\n".join(sources)

@@ -205,12 +205,12 @@ def test_a_pass_that_raises_ends_in_the_policy(plugin, tmp_path, policy):
 # -- generated source that does not compile ----------------------------------------------------------
 @pytest.fixture
 def broken_cpp(monkeypatch):
-    from passes.codegen import cpp_source
+    from passes.codegen.cpp import source as cpp_source
     monkeypatch.setattr(cpp_source, "HEADER", cpp_source.HEADER + "#error injected fault: not C++\n")
 
 
 def test_generated_cpp_that_does_not_compile_raises_naming_the_source(broken_cpp, tmp_path):
-    from passes.codegen.cpp_build import CompileError
+    from passes.codegen.cpp.build import CompileError
     with pytest.raises(CompileError) as info:
         compiled_with("raise", tmp_path)(X.clone())
     assert "injected fault: not C++" in str(info.value) and str(tmp_path / "cpp") in str(info.value)
@@ -225,16 +225,17 @@ def test_generated_cpp_that_does_not_compile_runs_eagerly_under_on_error_eager(b
 @pytest.fixture
 def broken_triton(monkeypatch):
     pytest.importorskip("triton")
-    from passes.codegen import triton_runtime
+    from passes.codegen.triton import runtime as triton_runtime
     if not triton_runtime.interpreting() or triton_runtime.interpreter_problem():
         pytest.skip("triton was imported before TRITON_INTERPRET=1 was set in this process")
-    original = triton_runtime.kernel_source
+    from passes.codegen.triton import generate as triton_generate
+    original = triton_generate.kernel_source
 
     def broken(*args, **kwargs):
         generated = original(*args, **kwargs)
         return attrs.evolve(generated, source=generated.source.replace("def ", "def def ", 1))
 
-    monkeypatch.setattr(triton_runtime, "kernel_source", broken)
+    monkeypatch.setattr(triton_generate, "kernel_source", broken)
 
 
 TRITON = {"options": {"codegen": {"backend": "triton"}}}
@@ -295,7 +296,7 @@ def assert_built_privately(compiled, cache: Path, text: str) -> None:
 
 @pytest.fixture(autouse=True)
 def _warn_again():
-    from passes.codegen import cpp_build
+    from passes.codegen.cpp import build as cpp_build
     cpp_build._warned.clear()           # each test sees its own cache problem's warning
 
 
@@ -332,7 +333,7 @@ def test_a_folder_where_a_kernel_library_should_be_degrades_to_a_private_folder(
     (library,) = (cache / "cpp").glob("k_*.so")
     library.unlink()
     library.mkdir()
-    from passes.codegen import cpp_build
+    from passes.codegen.cpp import build as cpp_build
     cpp_build._loaded.clear()
     torch._dynamo.reset()
     assert_built_privately(compiled_with("raise", cache), cache, "a folder is in the way")
@@ -428,7 +429,7 @@ def test_an_interrupted_compile_propagates_and_leaves_no_library_in_the_cache(fa
 
 
 def test_a_truncated_library_in_the_cache_is_rebuilt(tmp_path):
-    from passes.codegen import cpp_build
+    from passes.codegen.cpp import build as cpp_build
     source = '// Generated\nextern "C" int answer_for_truncation_test(void) { return 42; }\n'
     folder = cpp_build.cache_dir(str(tmp_path))
     damaged = folder / f"k_{cpp_build.cache_key(source)}.so"
@@ -456,7 +457,7 @@ def _flip_constant(path: Path, value: float) -> int:
 
 
 def test_a_library_whose_constant_flipped_is_rebuilt_not_loaded(tmp_path):
-    from passes.codegen import cpp_build
+    from passes.codegen.cpp import build as cpp_build
     source = '// Generated\nextern "C" float half_sqrt2_for_damage_test(void) { return 0.70710678f; }\n'
     library, _, hit = cpp_build.build(source, directory=str(tmp_path))
     path = cpp_build.cache_dir(str(tmp_path)) / f"k_{cpp_build.cache_key(source)}.so"
@@ -472,7 +473,7 @@ def test_a_library_whose_constant_flipped_is_rebuilt_not_loaded(tmp_path):
 def test_a_damaged_kernel_library_never_gives_a_wrong_answer_without_a_graph_entry(tmp_path, monkeypatch):
     """The graph cache is off, so nothing but the kernel cache stands between the damaged
     library and the call; a later compile rebuilds it and matches eager."""
-    from passes.codegen import cpp_build
+    from passes.codegen.cpp import build as cpp_build
     monkeypatch.setenv("PIPELINE_CACHE_GRAPHS", "0")
 
     def gelu(x):
@@ -490,7 +491,7 @@ def test_a_damaged_kernel_library_never_gives_a_wrong_answer_without_a_graph_ent
 
 
 def test_a_damaged_triton_module_file_is_replaced_before_it_is_imported(tmp_path):
-    from passes.codegen import triton_runtime
+    from passes.codegen.triton import runtime as triton_runtime
     text = "# generated\nVALUE = 0.70710678\n"
     path, hit = triton_runtime.write_source(text, str(tmp_path))
     assert not hit
@@ -501,7 +502,7 @@ def test_a_damaged_triton_module_file_is_replaced_before_it_is_imported(tmp_path
 
 
 def test_temporary_files_a_killed_build_left_behind_are_cleaned_once_stale(tmp_path):
-    from passes.codegen import cpp_build
+    from passes.codegen.cpp import build as cpp_build
     folder = tmp_path / "cache" / "cpp"
     folder.mkdir(parents=True)
     stale, fresh = folder / "tmpabc123.so", folder / "tmpdef456.so"

@@ -166,7 +166,7 @@ def test_reduced_values_broadcast_back_preserve_semantics():
 def test_property_test_catches_a_planted_wrong_legality_rule(monkeypatch):
     """Plant a wrong rule -- 'a reduced value may be read by the full domain whatever axis eager
     broadcasting lines it up with' -- and show the property test finds a graph it miscompiles."""
-    import pipeline.fused as fused
+    import passes.kernel_ir.groups as fused
     monkeypatch.setattr(fused, "_lines_up", lambda shape, domain, reduced: True)
     with pytest.raises(SemanticsError, match="changed the result"):
         run_reduction_then_broadcast_property()
@@ -476,3 +476,25 @@ def test_accumulating_index_puts_as_index_adds_match_eager(index):
     x, v = torch.randn(5, 3), torch.randn(*index.shape, 3)
     record = compiled_record(f, x, index, v)
     assert "index_add" in record.final_code and "index_put" not in record.final_code
+
+
+def test_a_node_reading_another_groups_member_sees_that_groups_later_dependencies():
+    """A backward graph found by the training property test: ``where_1`` joins the reduction's
+    group and reads ``gt`` from the pointwise group; ``where_2`` then may not join ``gt``'s group,
+    since it reads ``sum_1``, whose kernel now needs ``gt``'s (fusing it closed a cycle)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from pipeline.testing import run_passes
+    aten = torch.ops.aten
+
+    def backward(primals, tangents):
+        gt = aten.gt.Tensor(primals, primals)
+        total = aten.sum.dim_IntList(tangents, [0], True)
+        zero = aten.scalar_tensor.default(0, dtype=torch.float32)
+        first = aten.where.self(gt, zero, total)
+        second = aten.where.self(gt, total, zero)
+        return tangents, aten.add.Tensor(second, first)
+
+    args = [torch.randn(1), torch.randn(2)]
+    fused = run_passes(["functionalize", "fuse"], make_fx(backward)(*args), args)
+    for got, expected in zip(fused(*args), backward(*args)):
+        torch.testing.assert_close(got, expected)

@@ -1,4 +1,4 @@
-"""The Triton kernels' direct launch path on a real GPU (skipped without one; runs on the lent
+"""The Triton kernels' direct launch path on a real GPU (skipped without one; run on an
 H200): later calls skip Triton's launcher, and still match eager, including inputs whose
 alignment differs from the first call's."""
 from __future__ import annotations
@@ -9,13 +9,13 @@ import torch
 from pipeline import compile_with_plan
 from pipeline.numerics import compare
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on the lent H200)")
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on an H200)")
 
 
 @pytest.fixture
 def made(monkeypatch) -> list:
     """Every TritonKernel constructed during the test."""
-    from passes.codegen import triton_runtime
+    from passes.codegen.triton import runtime as triton_runtime
     kernels = []
     original = triton_runtime.TritonKernel.__init__
 
@@ -131,7 +131,7 @@ def test_padded_rows_run_over_their_padded_extent_and_match_eager(made):
 def test_column_sums_run_as_split_reductions_and_match_eager():
     """A backward's bias and norm-weight gradients (bf16, 4096 x 768): two kernels, both on the
     direct launch path after the first call."""
-    from passes.codegen.triton_split import SplitKernel
+    from passes.codegen.triton.split import SplitKernel
     made = []
     original = SplitKernel.__init__
 
@@ -208,7 +208,7 @@ def test_eager_norm_statistics_give_eager_layer_norm_bits(n, dtype):
 def test_eager_norm_statistics_give_eager_bits_at_every_launch_shape(n, warps, tile, monkeypatch):
     """The same bits with 1 to 16 rows per program and 4, 8 or 16 warps (autotuning's shapes and
     more): the Welford states stay one column per thread."""
-    from passes.codegen import triton_source
+    from passes.codegen.triton import source as triton_source
     torch._dynamo.reset()
     monkeypatch.setattr(triton_source, "TILE_ELEMENTS", tile)
     monkeypatch.setattr(triton_source, "WARP_ELEMENTS", max(1, tile // warps))

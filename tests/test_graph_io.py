@@ -8,7 +8,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from pipeline.graph_io import UnsupportedGraph, data_to_graph, graph_to_data
+from pipeline.cache.graph_io import UnsupportedGraph, data_to_graph, graph_to_data
 from pipeline.testing import FLOAT_DTYPES, graphs
 from pipeline.testing.assertions import prelude_for, run_passes
 from pipeline.verification import run_and_compare

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import pipeline
 from pipeline import PlanError, load_plan
 from pipeline.plan import TOP_LEVEL_KEYS
-from pipeline.plan_text import diff_plans, resolve_text
+from pipeline.plan.text import diff_plans, resolve_text
 
 PLANS_DIR = Path(pipeline.__file__).resolve().parent.parent / "plans"
 BUILTIN_TEXTS = {p.stem: p.read_text() for p in sorted(PLANS_DIR.glob("*.yaml"))}
@@ -364,7 +364,7 @@ import time  # noqa: E402
 import pytest  # noqa: E402
 
 from pipeline import yamlio  # noqa: E402
-from pipeline.yamlio import load_yaml  # noqa: E402
+from pipeline.plan.yamlio import load_yaml  # noqa: E402
 
 
 LIMIT = f"{yamlio.MAX_PLAN_BYTES >> 10} KiB"

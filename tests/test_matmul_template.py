@@ -42,7 +42,7 @@ def _interpreter_and_records(monkeypatch, request):
     if not HAS_TRITON:
         yield
         return
-    from passes.codegen import matmul_template
+    import passes.matmul_template as matmul_template
     if not triton_interpreter_ready(request):
         yield
         return
@@ -134,9 +134,9 @@ def test_fp16_template_rounds_like_eager():
 def test_every_candidate_configuration_matches_eager():
     """Autotuning picks among these by speed alone, so each must compute the same thing (ragged
     tiles in M, N and K; fp32 and fp16 tables)."""
-    from passes.codegen.matmul_template import MatmulTemplateKernel
-    from passes.codegen.matmul_template_source import candidate_configs, template_source
-    from passes.codegen.triton_runtime import load_module, write_source
+    from passes.matmul_template import MatmulTemplateKernel
+    from passes.matmul_template.source import candidate_configs, template_source
+    from passes.codegen.triton.runtime import load_module, write_source
     torch.manual_seed(0)    # inputs independent of the tests run before (fp16 sits near its tolerance)
     for dtype, (m, n, k) in ((torch.float32, (130, 136, 80)), (torch.float16, (70, 260, 72))):
         fn = epilogue_function(False, True, "tanh", True, True)
@@ -160,7 +160,7 @@ def site_of(fn, args) -> tuple:
     """The template site in ``fn``'s graph after ``codegen`` (found by the pass's own matcher)
     and the arguments its combined group takes. Every argument of ``fn`` must be used, so the
     graph's placeholders are ``args`` in order."""
-    from passes.codegen.matmul_template import MatmulTemplate, find_site
+    from passes.matmul_template import MatmulTemplate, find_site
     found = []
 
     def spy(self, graph, context):
@@ -261,8 +261,8 @@ def test_choose_never_leaves_the_graph_alone():
 
 
 def test_inputs_with_unexpected_strides_run_the_combined_group_eagerly(monkeypatch):
-    from passes.codegen.matmul_template import MatmulTemplateKernel, install
-    from passes.codegen.matmul_template_source import candidate_configs, template_source
+    from passes.matmul_template import MatmulTemplateKernel, install
+    from passes.matmul_template.source import candidate_configs, template_source
     fn = epilogue_function(False, True, "gelu", True, True)
     args = epilogue_inputs(32, 40, 48, False)
     site, values = site_of(fn, args)
@@ -335,9 +335,9 @@ def test_autotune_uses_the_template_only_where_it_is_faster_and_caches_the_decis
 
     import triton.testing
 
-    from passes.codegen import matmul_template
-    from passes.codegen.matmul_template_source import candidate_configs, template_source
-    from passes.codegen.triton_runtime import load_module, write_source
+    import passes.matmul_template as matmul_template
+    from passes.matmul_template.source import candidate_configs, template_source
+    from passes.codegen.triton.runtime import load_module, write_source
     fn = epilogue_function(False, True, "gelu", True, True)
     args = epilogue_inputs(32, 40, 48, False)
     site, values = site_of(fn, args)
@@ -375,8 +375,8 @@ def test_autotune_uses_the_template_only_where_it_is_faster_and_caches_the_decis
 
 def bench_plan(m: int, n: int, k: int, dtype: torch.dtype):
     """The template plan of ``gelu(x @ w + b) * s`` at a GPU benchmark's size, from meta tensors."""
-    from passes.codegen.matmul_template_source import template_plan
-    from pipeline.fused import FusedGroup
+    from passes.matmul_template.source import template_plan
+    from passes.kernel_ir.groups import FusedGroup
     aten = torch.ops.aten
     graph = torch.fx.Graph()
 
@@ -396,7 +396,7 @@ def bench_plan(m: int, n: int, k: int, dtype: torch.dtype):
 
 
 def test_offsets_past_two_to_the_31_are_computed_in_int64():
-    from passes.codegen.matmul_template_source import candidate_configs, template_source
+    from passes.matmul_template.source import candidate_configs, template_source
     small, huge = bench_plan(8192, 4096, 4096, torch.bfloat16), bench_plan(65536, 40960, 64, torch.bfloat16)
     config = candidate_configs(8192, 4096, 4096, torch.bfloat16, 1)[0]
     assert "tl.program_id(0).to(tl.int64)" not in template_source(small, "triton_small", config).source
@@ -407,8 +407,8 @@ def test_every_template_kernel_compiles_for_sm90():
     """Runs last: every template source the tests above generated, and every candidate for the
     GPU benchmark's ``gelu(x@w+b)*s`` (8192x4096 @ 4096x4096, bf16 and fp32), compile to PTX and a
     cubin for the H200 with their warps and stages, within its 227 KiB of shared memory per block."""
-    from passes.codegen.matmul_template_source import candidate_configs, template_source
-    from passes.codegen.triton_runtime import compile_all_for_sm90, write_source
+    from passes.matmul_template.source import candidate_configs, template_source
+    from passes.codegen.triton.runtime import compile_all_for_sm90, write_source
     if not SOURCES:
         test_bias_gelu_scale_residual_is_one_kernel_with_the_epilogue_on_the_accumulator()
     paths = sorted(SOURCES)

@@ -37,7 +37,7 @@ SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=list(H
 def needs_interpreter() -> None:
     if not HAS_TRITON:
         pytest.skip("triton is not installed")
-    from passes.codegen import triton_runtime
+    from passes.codegen.triton import runtime as triton_runtime
     if not triton_runtime.interpreting() or triton_runtime.interpreter_problem():
         pytest.skip("the Triton interpreter is not usable in this process (triton imported before "
                     "TRITON_INTERPRET was set)")
@@ -200,7 +200,7 @@ def test_generated_triton_kernels_compile_for_sm90():
     looped row reduction of a one-hot mask over a row longer than one tile, and one-hot scatters
     along a leading axis in fp16 and int64 with a NaN fill."""
     needs_interpreter()
-    from passes.codegen.triton_runtime import compile_all_for_sm90
+    from passes.codegen.triton.runtime import compile_all_for_sm90
 
     def leading(x, index):
         return torch.scatter(torch.full(x.shape, float("nan"), dtype=x.dtype), 0, index, 1.5) + x

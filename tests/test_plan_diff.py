@@ -9,8 +9,8 @@ import pytest
 
 import pipeline
 from pipeline import load_plan
-from pipeline.cli import main
-from pipeline.plan_text import diff_plans
+from pipeline.tools.cli import main
+from pipeline.plan.text import diff_plans
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = {"name": "p", "passes": ["capture", "functionalize", "decompose", "dce", "cse"]}

@@ -876,7 +876,7 @@ def test_numbers_are_read_as_yaml_1_2_reads_them(tmp_path):
 
 
 def test_strings_that_look_like_yaml_1_2_numbers_round_trip(tmp_path):
-    from pipeline.plan_text import resolve_text
+    from pipeline.plan.text import resolve_text
     plan = load_plan({"name": "1e3", "description": "0o17", "passes": ["capture"]})
     path = tmp_path / "resolved.yaml"
     path.write_text(resolve_text(plan))

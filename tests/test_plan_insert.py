@@ -13,7 +13,7 @@ import pytest
 
 from pipeline import PlanError, load_plan
 from pipeline.plan import PlanWarning
-from pipeline.plan_text import diff_plans, resolve_text
+from pipeline.plan.text import diff_plans, resolve_text
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -388,7 +388,7 @@ def test_validate_prints_the_warning_with_file_and_line(tmp_path, parent):
           - fuse: {max_group_size: 16}
           - codegen
     """)
-    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "plan", "validate", str(path)], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "pipeline.tools.cli", "plan", "validate", str(path)], cwd=REPO,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert f"{path}:7: PlanWarning: passes[4].codegen.backend: the parent sets codegen.backend: 'auto'" \

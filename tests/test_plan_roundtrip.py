@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import Plan, get_registry, load_plan
-from pipeline.plan_text import resolve_text
+from pipeline.plan.text import resolve_text
 
 REPO = Path(__file__).resolve().parents[1]
 BUILTIN_PLANS = sorted(get_registry().plans)
@@ -77,7 +77,7 @@ def test_resolved_plan_spells_out_every_default():
 
 def test_cli_resolve_output_validates_and_loads_back_equal(tmp_path):
     resolved = tmp_path / "r.yaml"
-    run = [sys.executable, "-m", "pipeline.cli"]
+    run = [sys.executable, "-m", "pipeline.tools.cli"]
     with resolved.open("w") as out:
         done = subprocess.run(run + ["plan", "resolve", "plans/llm-serving.yaml"], cwd=REPO, stdout=out,
                               stderr=subprocess.PIPE, text=True, timeout=120)

@@ -118,7 +118,7 @@ def test_pad_mm_pads_a_twice_transposed_weight_in_its_own_layout():
     dense copy. Padding the transposed view in between was a transposing copy (0.37 ms for
     GPT-2's 50257 x 768 weight on the H200, against a dense copy's few microseconds)."""
     from passes.pad_mm import PadMatmul, PadMmOptions
-    from pipeline.fused import meta_of
+    from passes.kernel_ir.groups import meta_of
 
     def matmul(x, w):
         return x @ w.t().t()
@@ -128,7 +128,7 @@ def test_pad_mm_pads_a_twice_transposed_weight_in_its_own_layout():
     pass_ = PadMatmul(PadMmOptions(multiple=8, min_size=1, devices=["cpu"]))
     assert_preserves_semantics(pass_, graph, inputs)
     from pipeline import PassContext
-    context = PassContext(graph_id="t", target="cpu", example_inputs=inputs, plan=None, tags={"aten"})
+    context = PassContext(graph_id="t", target="cpu", example_inputs=inputs, tags={"aten"})
     padded = pass_.run(compat_trace(matmul, inputs), context)
     pads = [n for n in padded.graph.nodes if n.target is torch.ops.aten.constant_pad_nd.default]
     assert pads and all(meta_of(n.args[0]).is_contiguous() for n in pads)

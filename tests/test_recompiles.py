@@ -12,8 +12,8 @@ import torch
 import pipeline
 from pipeline import compilation_of, compile_with_plan
 from pipeline.numerics import compare
-from pipeline.report import build_report
-from pipeline.report_html import render_html
+from pipeline.tools.report import build_report
+from pipeline.tools.report_html import render_html
 
 
 @pytest.fixture(autouse=True)

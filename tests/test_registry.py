@@ -70,7 +70,7 @@ def test_sample_plugin_passes_are_discovered_with_distribution_and_version(sampl
 def test_passes_cli_lists_plugin_pass_with_its_options(sample_plugin):
     env = {k: v for k, v in os.environ.items() if k != "PIPELINE_DISABLE_PLUGIN_AUTOLOAD"}
     env["PYTHONPATH"] = os.pathsep.join([str(sample_plugin.path)] + sys.path)
-    result = subprocess.run([sys.executable, "-m", "pipeline.cli", "passes"], capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "pipeline.tools.cli", "passes"], capture_output=True,
                             text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr
     block = result.stdout.split("strength-reduce  (", 1)[1].split("\n\n", 1)[0]

@@ -82,7 +82,7 @@ def test_an_input_whose_old_value_is_read_after_the_write_keeps_its_functional_f
     functional.recompile()
     from pipeline.graph_pass import PassContext
     from passes.reinplace import Reinplace
-    context = PassContext(graph_id="t", target="cpu", example_inputs=[buf, src], plan=None, tags={"aten"})
+    context = PassContext(graph_id="t", target="cpu", example_inputs=[buf, src], tags={"aten"})
     out = Reinplace().run(functional, context)
     assert "select_scatter" in out.code
     assert any("kept functional" in n["message"] and "reads" in n["message"] for n in context.notes)

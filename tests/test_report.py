@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import pipeline
-from pipeline.cli import main
-from pipeline.report_html import SECTIONS, render_html
+from pipeline.tools.cli import main
+from pipeline.tools.report_html import SECTIONS, render_html
 
 
 @pytest.fixture(autouse=True)
@@ -170,7 +170,7 @@ def test_report_command_on_a_missing_report_is_an_error(tmp_path, capsys):
 def test_report_command_serves_the_page_over_http(block_report):
     import urllib.request
     process = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", "report", str(block_report), "--serve"],
+        [sys.executable, "-m", "pipeline.tools.cli", "report", str(block_report), "--serve"],
         stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
     try:
         process.stdout.readline()                       # the page path

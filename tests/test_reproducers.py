@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import pipeline
-from pipeline.cli import main
-from pipeline.minimize import shrink
-from pipeline.repro import Failure, load_reproducer, replay
+from pipeline.tools.cli import main
+from pipeline.tools.minimize import shrink
+from pipeline.tools.repro import Failure, load_reproducer, replay
 
 DIST = "pipeline-miscompile-plugin 1.0.0 (pipeline_miscompile_plugin)"
 
@@ -111,7 +111,7 @@ def test_replay_without_the_plugin_installed_names_the_distribution_to_install(m
     folder = caught("miscompile-div").reproducer
     # A new process does not see the plugin (it is on this process's sys.path only): as on a
     # machine where the reproducer was copied without installing the plugin.
-    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "repro", folder], cwd=tmp_path,
+    done = subprocess.run([sys.executable, "-m", "pipeline.tools.cli", "repro", folder], cwd=tmp_path,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr == (

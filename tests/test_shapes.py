@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import pipeline
 from pipeline import PlanError, ShapeError, compilation_of, compile_with_plan, load_plan
 from pipeline.numerics import compare
-from pipeline.plan_text import diff_plans, resolve_text
+from pipeline.plan.text import diff_plans, resolve_text
 
 SKETCH = {"buckets": {"input_ids": {0: [1, 2, 4, 8, 16], 1: {"multiple_of": 64, "max": 2048, "pad_value": 0}}},
           "warmup": True, "after_warmup": "fail_on_recompile"}

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, assume, given, settings
 
 import pipeline
 from pipeline.errors import PlanError
-from pipeline.plan_text import diff_plans, resolve_text
-from pipeline.report_html import render_html
+from pipeline.plan.text import diff_plans, resolve_text
+from pipeline.tools.report_html import render_html
 from pipeline.testing import assert_gradients_match, graphs, tolerance
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")

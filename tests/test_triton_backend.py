@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from pipeline import compilation_of, compile_with_plan  # noqa: E402
-from pipeline.fused import FusedGroup  # noqa: E402
+from passes.kernel_ir.groups import FusedGroup  # noqa: E402
 from pipeline.numerics import compare  # noqa: E402
 from pipeline.testing import assert_preserves_semantics, graphs  # noqa: E402
 from conftest import record_triton_graphs, rerun_with_interpreter, triton_interpreter_ready  # noqa: E402
@@ -49,7 +49,7 @@ def _record_kernels(monkeypatch, request):
     if not HAS_TRITON:
         yield
         return
-    from passes.codegen import triton_runtime
+    from passes.codegen.triton import runtime as triton_runtime
     if not triton_interpreter_ready(request):
         yield
         return
@@ -66,7 +66,7 @@ def _record_kernels(monkeypatch, request):
 
 def kernels_of(graph) -> tuple[list, list]:
     """(Triton kernels, groups left eager) called by a graph."""
-    from passes.codegen.triton_runtime import TritonKernel
+    from passes.codegen.triton.runtime import TritonKernel
     targets = [n.target for n in graph.graph.nodes if n.op == "call_function"]
     return ([t for t in targets if isinstance(t, TritonKernel)], [t for t in targets if isinstance(t, FusedGroup)])
 
@@ -238,13 +238,14 @@ def test_eager_norm_statistics_states_are_one_column_per_thread_in_the_sm90_kern
     (lanes pairwise by offsets 16 to 1, then the 4 warps by 2 and 1) when each thread holds one
     column: so it is in the kernel Triton builds for the H200, for every warp count autotuning
     tries."""
-    from passes.codegen import triton_source
-    from passes.codegen.triton_autotune import candidate_blocks
-    from passes.codegen.triton_runtime import compile_all_for_sm90
-    from pipeline.loops import analyze
+    from passes.codegen.triton import source as triton_source
+    from passes.codegen.triton.autotune import candidate_blocks
+    from passes.codegen.triton.runtime import compile_all_for_sm90
+    from passes.codegen.triton.source import TritonNest
+    from passes.kernel_ir.loops import analyze
     compile_with_plan(layer_norm, EXACT_STATISTICS)(torch.randn(64, n), torch.randn(n), torch.randn(n))
     (kernel,), _ = kernels_of(LAST["graph"])
-    nest = analyze(kernel.group)
+    nest = TritonNest.of(analyze(kernel.group))
     nest.aten_statistics = True
     assert all(b.num_warps >= 4 for b in candidate_blocks(nest))
     monkeypatch.setattr(triton_source, "WARP_ELEMENTS", 4 * 1024 // warps)
@@ -311,7 +312,7 @@ def test_reduction_kernels_are_persistent_when_the_row_fits():
 @pytest.mark.parametrize("name", ["softmax", "log_softmax", "layer_norm", "rms_norm", "argmax", "amax_with_nan"])
 def test_looped_reductions_match_eager(name, monkeypatch):
     """Rows longer than one tile: multi-pass kernels looping over chunks of RBLOCK."""
-    from passes.codegen import triton_source
+    from passes.codegen.triton import source as triton_source
     monkeypatch.setattr(triton_source, "PERSISTENT_MAX", 32)
     monkeypatch.setattr(triton_source, "LOOPED_RBLOCK", 32)
     fn, make = CASES[name]
@@ -332,10 +333,11 @@ def test_reductions_over_other_axes_match_eager(fn):
 @pytest.mark.parametrize("name", ["softmax", "layer_norm", "pointwise_chain_broadcast_permuted", "argmax"])
 def test_every_autotune_candidate_matches_eager(name):
     """Autotuning picks among these launch shapes by speed alone, so each must be correct."""
-    from passes.codegen.triton_runtime import TritonKernel, load_module, write_source
-    from passes.codegen.triton_autotune import candidate_blocks
-    from passes.codegen.triton_source import kernel_source
-    from pipeline.loops import analyze
+    from passes.codegen.triton.runtime import TritonKernel, load_module, write_source
+    from passes.codegen.triton.autotune import candidate_blocks
+    from passes.codegen.triton.source import kernel_source
+    from passes.codegen.triton.source import TritonNest
+    from passes.kernel_ir.loops import analyze
     fn, make = CASES[name]
     args = make()
     run_plan(fn, *args)
@@ -359,10 +361,11 @@ def test_every_autotune_candidate_matches_eager(name):
 def test_many_row_reductions_also_try_register_capped_launches_that_compile_for_sm90():
     """Autotuning a persistent row kernel over many rows also tries the heuristic's launch with at
     most 64 and 72 registers a thread; the cap reaches the sm_90 PTX."""
-    from passes.codegen.triton_autotune import candidate_blocks
-    from passes.codegen.triton_runtime import compile_all_for_sm90
-    from passes.codegen.triton_source import kernel_source
-    from pipeline.loops import analyze
+    from passes.codegen.triton.autotune import candidate_blocks
+    from passes.codegen.triton.runtime import compile_all_for_sm90
+    from passes.codegen.triton.source import kernel_source
+    from passes.codegen.triton.source import TritonNest
+    from passes.kernel_ir.loops import analyze
     run_plan(layer_norm, torch.randn(1024, 64), torch.randn(64), torch.randn(64))
     (kernel,), _ = kernels_of(LAST["graph"])
     nest = analyze(kernel.group)
@@ -374,7 +377,7 @@ def test_many_row_reductions_also_try_register_capped_launches_that_compile_for_
 
 
 def kernel_source_blocks(kernel):
-    from passes.codegen.triton_source import Blocks
+    from passes.codegen.triton.source import Blocks
     g = kernel.generated
     consts = g.constexprs
     return Blocks(g.persistent, consts.get("XBLOCK", consts.get("BLOCK")), consts.get("RBLOCK", 1), g.grid[0],
@@ -465,7 +468,7 @@ def test_sources_are_files_named_by_content_hash_and_reused(tmp_path):
 
 
 def test_core_import_path_does_not_import_triton():
-    code = ("import sys, pipeline, passes, passes.codegen, passes.codegen.triton_runtime; "
+    code = ("import sys, pipeline, passes, passes.codegen, passes.codegen.triton.runtime; "
             "sys.exit('triton' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
@@ -485,7 +488,7 @@ def test_every_generated_kernel_compiles_for_sm90():
     """Runs last: compiles each kernel the tests above generated (or, run alone, the named cases')
     to PTX and a cubin for the H200 with Triton's own compiler, no GPU needed. This process
     interpreted them, so the compile runs in one fresh process without TRITON_INTERPRET."""
-    from passes.codegen.triton_runtime import compile_all_for_sm90
+    from passes.codegen.triton.runtime import compile_all_for_sm90
     if not GENERATED:
         for fn, make in CASES.values():
             torch._dynamo.reset()
@@ -499,9 +502,10 @@ def test_every_generated_kernel_with_exact_statistics_has_one_column_per_thread_
     """Runs last too: the kernels above that computed ATen-order statistics (the interpreter's
     variant, a tree of reshapes) are generated again as for CUDA tensors (a reduction over the
     threads) and compiled for the H200; in each, the Welford states are one column per thread."""
-    from passes.codegen import triton_source
-    from passes.codegen.triton_runtime import compile_all_for_sm90
-    from pipeline.loops import analyze
+    from passes.codegen.triton import source as triton_source
+    from passes.codegen.triton.runtime import compile_all_for_sm90
+    from passes.codegen.triton.source import TritonNest
+    from passes.kernel_ir.loops import analyze
     exact = [k for _, k in sorted(GENERATED.items()) if "pp_welford_halve(" in k.source]
     if not exact:
         pytest.skip("no kernel with exact statistics was generated in this run")
@@ -509,7 +513,7 @@ def test_every_generated_kernel_with_exact_statistics_has_one_column_per_thread_
     monkeypatch.setattr(triton_source, "emit_statistics", lambda writer, variance, cuda: emit(writer, variance, True))
     sources = []
     for k in exact:
-        nest = analyze(k.group)
+        nest = TritonNest.of(analyze(k.group))
         nest.aten_statistics = True
         sources.append(triton_source.kernel_source(nest, f"triton_cuda_{len(sources)}"))
     assert all(", 0, pp_welford_combine)" in s.source for s in sources)
@@ -520,7 +524,7 @@ def test_every_generated_kernel_with_exact_statistics_has_one_column_per_thread_
 
 
 def test_compile_for_sm90_names_the_kernel_it_cannot_compile():
-    from passes.codegen.triton_runtime import TritonCompileError, compile_for_sm90
+    from passes.codegen.triton.runtime import TritonCompileError, compile_for_sm90
     source = ("import triton\nimport triton.language as tl\n\n@triton.jit\ndef broken_kernel(in0, BLOCK: tl.constexpr):\n"
               "    tl.store(in0 + tl.arange(0, BLOCK), tl.no_such_function(1))\n\n"
               "KERNEL = broken_kernel\nSIGNATURE = {'in0': '*fp32', 'BLOCK': 'constexpr'}\n"
@@ -545,7 +549,7 @@ def test_launchers_are_built_on_the_pool_once_per_distinct_signature(monkeypatch
 
     from triton.runtime import driver
 
-    from passes.codegen.triton_precompile import build_launchers
+    from passes.codegen.triton.precompile import build_launchers
 
     built = []
 
@@ -575,7 +579,7 @@ def test_precompile_submits_each_distinct_kernel_once_under_tritons_async_compil
 
     from triton.runtime import _async_compile
 
-    from passes.codegen.triton_precompile import precompile
+    from passes.codegen.triton.precompile import precompile
 
     calls = []
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from passes.codegen.triton_runtime import TritonCompileError, compile_for_sm90
-from passes.codegen.triton_autotune import candidate_blocks
-from passes.codegen.triton_source import kernel_source
-from pipeline.loops import analyze
+from passes.codegen.triton.runtime import TritonCompileError, compile_for_sm90
+from passes.codegen.triton.autotune import candidate_blocks
+from passes.codegen.triton.source import kernel_source
+from passes.kernel_ir.loops import analyze
 from pipeline.testing import run_passes
 
 pytest.importorskip("triton")

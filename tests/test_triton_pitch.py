@@ -1,5 +1,5 @@
 """Rows stored with a padded pitch (pad-mm's logits) run over the padded extent in Triton kernels
-(passes/codegen/triton_pitch.py): results match eager, output pads' padding is written by the
+(passes/codegen/triton/pitch.py): results match eager, output pads' padding is written by the
 kernel, inputs whose storage ends before the padding run the exact kernel, and on sm_90 the
 pitched accesses compile to 16-byte vector instructions. Also: pointwise kernels over long rows
 load per-row values once per block.
@@ -36,7 +36,7 @@ KERNELS: list = []      # the Triton kernels of the last compile
 
 @pytest.fixture(autouse=True)
 def _record_kernels(monkeypatch, request):
-    from passes.codegen import triton_runtime
+    from passes.codegen.triton import runtime as triton_runtime
     record_kernels(monkeypatch, request, KERNELS, lambda target: isinstance(target, triton_runtime.TritonKernel))
     yield
 
@@ -121,7 +121,7 @@ def test_long_rows_read_each_rows_values_once_per_block(rows, length):
 
 
 def test_a_pitched_kernel_and_its_exact_twin_come_back_from_the_compile_cache(tmp_path, monkeypatch):
-    from passes.codegen.triton_runtime import TritonKernel
+    from passes.codegen.triton.runtime import TritonKernel
     monkeypatch.delenv("PIPELINE_CACHE_GRAPHS", raising=False)
     revived: list = []
     original = TritonKernel.from_data.__func__
@@ -175,7 +175,7 @@ def test_pitched_accesses_compile_to_vector_instructions_for_sm90():
     torch._dynamo.reset()
     run(softmax_gradient_into_padded_rows, x, *row_vectors(2))
     backward = KERNELS[0].path
-    script = Path(__file__).parents[1] / "benchmarks" / "ptx_vectors.py"
+    script = Path(__file__).parents[1] / "benchmarks" / "probes" / "ptx_vectors.py"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, str(script), str(forward), str(backward)], capture_output=True,
                           text=True, env=env)

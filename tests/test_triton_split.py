@@ -1,4 +1,4 @@
-"""Split reductions (passes/codegen/triton_split.py): a strided-axis reduction that would launch few
+"""Split reductions (passes/codegen/triton/split.py): a strided-axis reduction that would launch few
 programs runs as a partial and a combine kernel, matching eager (sums, max, min, NaN, half types,
 epilogues), staying one kernel where it should, and coming back from the compile cache.
 
@@ -50,7 +50,7 @@ def run(fn, *args, plan=PLAN):
 
 
 def split_kernels() -> list:
-    from passes.codegen.triton_split import SplitKernel
+    from passes.codegen.triton.split import SplitKernel
     return [k for k in KERNELS if isinstance(k, SplitKernel)]
 
 
@@ -99,7 +99,7 @@ def test_split_reductions_off_keeps_one_kernel():
 
 
 def test_a_split_kernel_comes_back_from_the_compile_cache(tmp_path, monkeypatch):
-    from passes.codegen.triton_split import SplitKernel
+    from passes.codegen.triton.split import SplitKernel
     monkeypatch.delenv("PIPELINE_CACHE_GRAPHS", raising=False)
     revived: list = []
     original = SplitKernel.from_data.__func__

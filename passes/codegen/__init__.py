@@ -4,13 +4,13 @@ Backend ``cpp``: C++ with OpenMP, compiled by the system compiler into one share
 graph (cached on disk by content hash, compiler, flags and CPU ISA) and called through ctypes from
 the graph's straight-line Python code.
 
-Backend ``triton``: one ``@triton.jit`` kernel per group (triton_source.py), written to a file
+Backend ``triton``: one ``@triton.jit`` kernel per group (triton/source.py), written to a file
 named by its content hash and launched by a :class:`~.triton_runtime.TritonKernel` on CUDA
 tensors. On CPU targets the kernels run only under ``TRITON_INTERPRET=1`` (how CI tests them);
 otherwise CPU groups stay eager with a note. Triton is imported only when this backend runs.
 
 Backend ``auto``: ``cpp`` for CPU targets, ``triton`` for CUDA targets. Both backends read the
-same :class:`pipeline.loops.LoopNest`. Groups a backend cannot compile (dynamic shapes, groups on
+same :class:`passes.kernel_ir.loops.LoopNest`. Groups a backend cannot compile (dynamic shapes, groups on
 another device, unsupported ops) keep running eagerly through their FusedGroup, with the reason in
 the report.
 """
@@ -25,12 +25,13 @@ import torch
 import torch.fx
 
 from pipeline import Pass, PassContext, device_types, non_negative, option
-from pipeline.fused import CompiledKernel, FusedGroup, fill_padding, meta_of, output_buffers, output_fills
-from pipeline.graph_io import Codec, UnsupportedGraph
-from pipeline.loops import UnsupportedGroup, analyze
+from passes.kernel_ir.groups import CompiledKernel, FusedGroup, fill_padding, meta_of, output_buffers, output_fills
+from pipeline.cache.graph_io import Codec, UnsupportedGraph
+from passes.kernel_ir.loops import UnsupportedGroup, analyze
+from passes.kernel_ir import rules
 
-from .cpp_build import build, digest_path
-from .cpp_source import kernel_source, module_source
+from .cpp.build import build, digest_path
+from .cpp.source import kernel_source, module_source
 from .host import fold_views, lower_linear, reuse_buffers, to_host_module
 
 
@@ -62,21 +63,20 @@ class CodegenOptions:
         True, "triton: run rows stored with a padded pitch (pad-mm's 50257-wide logits in 50264-wide rows) "
               "over the padded extent, so their loads and stores vectorize, and write output pads' padding "
               "in the kernel; each call checks that such inputs' storage holds the padding, else the exact "
-              "kernel runs (see passes/codegen/triton_pitch.py).")
+              "kernel runs (see passes/codegen/triton/pitch.py).")
     eager_norm_statistics: bool = option(
         True, "triton: compute the mean and variance of a row of at most eager_norm_max_row elements (layer "
               "norm's) in the order of ATen's CUDA layer-norm kernel (Welford in 128 threads, its shuffle "
-              "tree), so layer-norm outputs have eager's bits: GPT-2's logits end 4e-5 from eager's instead "
-              "of 1.05e-2 (passes/codegen/triton_welford.py).")
+              "tree), so layer-norm outputs have eager's bits and a model's outputs stay close to eager's "
+              "(benchmarks/results/gpu-2026-11-30-f.md; passes/codegen/triton/welford.py).")
     eager_norm_max_row: int = option(
-        1024, "triton: the longest row eager_norm_statistics applies to; longer rows take two sums. On the "
-              "H200 the exact statistics cost nothing measurable on rows of 768 (a 4096 x 768 bf16 residual "
-              "add + layer norm: 12.6 us against 13.0) but 15 % on rows of 4096 (the layer norm + GELU + "
-              "residual row: 52 us against 45).", check=non_negative)
+        1024, "triton: the longest row eager_norm_statistics applies to; longer rows take two sums. The exact "
+              "statistics cost nothing measurable on GPT-2's rows of 768 but slow down an issue-bound kernel "
+              "on rows of 4096 (benchmarks/results/gpu-2026-11-30-f.md).", check=non_negative)
     split_reductions: bool = option(
         True, "triton: run a reduction over a strided axis that would launch few programs (a backward's "
               "bias and norm-weight column sums) as two kernels: partial results over chunks of rows, "
-              "then their combination with the group's epilogue (see passes/codegen/triton_split.py).")
+              "then their combination with the group's epilogue (see passes/codegen/triton/split.py).")
     compile_workers: int = option(
         8, "triton: threads compiling a graph's distinct CUDA kernels in parallel when it is generated, "
            "before their first launch (0: each kernel compiles at its first launch, one after another).",
@@ -119,12 +119,12 @@ class CppKernel(CompiledKernel):
         return outs
 
     def to_data(self, codec: Codec) -> dict:
-        """Plain data for the compile cache (see :class:`pipeline.graph_io.Describable`)."""
+        """Plain data for the compile cache (see :class:`pipeline.cache.graph_io.Describable`)."""
         if not self.library_source:
             raise UnsupportedGraph(f"cpp kernel {self.group.name} does not know its library's source")
         codec.need_file(self.library_path)
         codec.need_file(digest_path(self.library_path))
-        return {"group": codec.group_to_data(self.group), "source": codec.put_text(self.source),
+        return {"group": self.group.to_data(codec), "source": codec.put_text(self.source),
                 "library": codec.put_text(self.library_source),
                 "in_strides": [list(s) for s in self.in_strides],
                 "in_dtypes": [_dtype_name(d) for d in self.in_dtypes],
@@ -133,7 +133,7 @@ class CppKernel(CompiledKernel):
     @classmethod
     def from_data(cls, data: dict, codec: Codec) -> "CppKernel":
         """The kernel :meth:`to_data` described, its library loaded from the kernel cache."""
-        group = codec.group_from_data(data["group"])
+        group = FusedGroup.from_data(data["group"], codec)
         library_source = codec.text(data["library"])
         library, path, _ = build(library_source, directory=codec.cache_dir)
         kernel = cls.__new__(cls)
@@ -174,7 +174,8 @@ class Codegen(Pass):
 
     name = "codegen"
     Options = CodegenOptions
-    version = "17"
+    version = "18"
+    cache_material = rules.cache_material   # rules a plugin adds or replaces change the output
     requires = frozenset({"fused"})
     provides = frozenset({"codegen"})
 
@@ -183,7 +184,7 @@ class Codegen(Pass):
         if backend == "auto":
             backend = "triton" if context.target == "cuda" else "cpp"
         if backend == "triton":
-            from .triton_runtime import generate   # imports triton lazily
+            from .triton.generate import generate   # imports triton lazily
             graph = generate(graph, context, emulate_precision=self.options.emulate_precision_casts,
                              autotune=self.options.autotune, compile_workers=self.options.compile_workers,
                              pitch_rows=self.options.pitch_rows, split_reductions=self.options.split_reductions,
@@ -230,7 +231,7 @@ class Codegen(Pass):
             planned.append((node, group, nest, source))
         if not planned:
             return graph
-        cache = context.plan.cache if context.plan is not None else None
+        cache = context.cache
         library_source = module_source([source for *_, source in planned])
         library, path, hit = build(library_source, directory=cache.dir if cache is not None else None,
                                    persistent=cache.enabled if cache is not None else True)

@@ -33,7 +33,7 @@ import torch
 import torch.fx
 
 from pipeline import compat
-from pipeline.fused import CompiledKernel, meta_of
+from passes.kernel_ir.groups import CompiledKernel, meta_of
 from pipeline.ir import transposed_matrix
 
 aten = torch.ops.aten
@@ -377,10 +377,10 @@ def reuse_buffers(gm: torch.fx.GraphModule, devices: Any = ("cuda",)) -> int:
     the tensor lives until that call and a cached graph keeps the decision. A tensor qualifies when
     it owns its storage (:func:`_owns_storage`), no alias of it is read at or after the call, it
     was not handed to a kernel as a donor, and nothing wrote into it in place. Each allocation
-    skipped saves the host an allocator call per run (about 2 µs for a CUDA tensor). Only tensors
-    on ``devices`` (device types) are reused: on the CPU, malloc hands back the block freed last,
-    still in cache, and the C++ kernels of two transformer blocks ran 4 % slower writing into
-    older, colder buffers. Returns the number of outputs that reuse a buffer."""
+    skipped saves the host an allocator call per run. Only tensors on ``devices`` (device types)
+    are reused: on the CPU, malloc hands back the block freed last, still in cache, and writing
+    into older, colder buffers made the C++ kernels slower (benchmarks/results/cpu-2026-11-29-e.md).
+    Returns the number of outputs that reuse a buffer."""
     graph = gm.graph
     nodes = list(graph.nodes)
     last_use, order, roots, alias_end = _liveness(nodes)

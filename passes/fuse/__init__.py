@@ -6,10 +6,10 @@ layer norm and RMS norm are one group each. With ``horizontal``, sibling groups 
 merge where they meet again, and a reduction merges into the reduction group formed just before it
 when both iterate one domain and neither depends on the other (a backward's bias-gradient sums).
 Each group becomes one node calling a
-:class:`pipeline.fused.FusedGroup`, which runs the group eagerly until ``codegen`` gives it a kernel.
+:class:`passes.kernel_ir.groups.FusedGroup`, which runs the group eagerly until ``codegen`` gives it a kernel.
 Legality (legality.py) is separate from profitability (choices.py); every rejected candidate is
 recorded with its reason. A ``constant_pad_nd`` appending to trailing dims of a group's result that
-nothing else reads joins that group as an output pad (:data:`pipeline.fused.PAD`).
+nothing else reads joins that group as an output pad (:data:`passes.kernel_ir.groups.PAD`).
 """
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ import torch.fx
 
 from pipeline import Pass, PassContext, option, positive
 from pipeline import compat
-from pipeline.fused import FusedGroup, end_padding, meta_of, reduction_axes
+from passes.kernel_ir.groups import FusedGroup, end_padding, meta_of, reduction_axes
+from passes.kernel_ir import rules
 
 from .canonicalize import FUSION_DECOMPOSITIONS, fold_lone_scalar_fills, split_shared_sources
 from .choices import FusionChoices
@@ -60,7 +61,8 @@ class Fuse(Pass):
 
     name = "fuse"
     Options = FuseOptions
-    version = "9"
+    version = "11"
+    cache_material = rules.cache_material   # rules a plugin adds or replaces change the output
     requires = frozenset({"functional", "aten"})
     provides = frozenset({"fused"})
     Choices = FusionChoices
@@ -209,7 +211,7 @@ def _absorb(target: Group, other: Group, group_of: dict, depends_on: Dependencie
 
 
 def output_pad_group(node: torch.fx.Node, group_of: dict, depends_on: Dependencies) -> Group | None:
-    """The group that takes ``node`` as an output pad (:data:`pipeline.fused.PAD`), if any: a
+    """The group that takes ``node`` as an output pad (:data:`passes.kernel_ir.groups.PAD`), if any: a
     ``constant_pad_nd`` at the end of trailing dims of a contiguous full-domain value of a group
     that nothing else reads. Its kernel then writes that value straight into the padded buffer."""
     if end_padding(node) is None:

@@ -129,7 +129,7 @@ def scatter_src(x, dim, index, src):
 def index_put_accumulate(x, indices, values, accumulate=False):
     """``index_put(x, [idx], v, accumulate=True)`` with one integer index tensor along dim 0 and no
     broadcasting of ``v`` (the embedding gradient) as ``index_add(x, 0, idx, v)``: one kernel of
-    atomic adds where CUDA's index_put sorts the indices first (several launches, and 0.1 ms of
+    atomic adds where CUDA's index_put sorts the indices first (several launches and their
     host time per call). Negative indices wrap as index_put wraps them (a select that fuses
     into whatever kernel computes the index); index_add's own CUDA path takes care of
     deterministic mode."""
@@ -160,7 +160,7 @@ def split_shared_sources(graph, fusable) -> int:
     kernel absorbing it and the others reading it from memory, or an ATen call making it on the
     device every call. Users that cannot fuse share the original. ``fusable(node)`` says whether a
     user can fuse. Returns the number of copies made."""
-    from pipeline.fused import SOURCES, packet_name
+    from passes.kernel_ir.groups import SOURCES, packet_name
     made = 0
     for node in list(graph.graph.nodes):
         if node.op != "call_function" or packet_name(node.target) not in SOURCES or len(node.users) < 2:
@@ -188,7 +188,7 @@ def fold_lone_scalar_fills(graph) -> int:
     that take it as an input) by a stored constant: as an ATen call it would allocate on the
     device and launch a fill on every run. Fills the graph returns stay calls, since the caller
     may write into what it gets. Returns the number folded."""
-    from pipeline.fused import CONSTANTS, constant_value, meta_of, packet_name
+    from passes.kernel_ir.groups import CONSTANTS, constant_value, meta_of, packet_name
     output = next(n for n in graph.graph.nodes if n.op == "output")
     returned = set(output.all_input_nodes)
     folded = 0

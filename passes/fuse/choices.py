@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from pipeline.fused import meta_of
+from passes.kernel_ir.groups import meta_of
 
 
 @attrs.frozen

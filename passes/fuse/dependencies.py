@@ -22,6 +22,7 @@ class Dependencies:
         self._of_group: dict[int, int] = {}
         self._alias: dict[int, int] = {}
         self._ids: dict[int, int] = {}      # group id -> bits of every id merged into it
+        self._member: dict[torch.fx.Node, int] = {}   # node -> the group it joined
 
     def _find(self, gid: int) -> int:
         root = gid
@@ -42,14 +43,20 @@ class Dependencies:
         self._direct[node] = deps
         group = group_of.get(node)
         if group is not None:
+            self._member[node] = group.id
             gid = self._find(group.id)
             self._of_group[gid] = self._of_group.get(gid, 0) | deps
 
     def reaches(self, node: torch.fx.Node, gid: int) -> bool:
-        """True when ``node`` (not a member of the group) needs group ``gid``'s kernel to run first."""
+        """True when ``node`` (not a member of the group) needs group ``gid``'s kernel to run first.
+        A node inside another group is produced by that group's kernel, so it needs whatever that
+        group needs (what the group's later members read included)."""
         root = self._find(gid)
         target = self._ids.get(root, 1 << root)
         seen, frontier = 0, self._direct.get(node, 0)
+        if node in self._member:
+            own = self._find(self._member[node])
+            frontier |= self._of_group.get(own, 0)
         while frontier:
             if frontier & target:
                 return True

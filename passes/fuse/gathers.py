@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from pipeline.fused import meta_of
+from passes.kernel_ir.groups import meta_of
 
 aten = torch.ops.aten
 

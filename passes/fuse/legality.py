@@ -8,8 +8,9 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
-from pipeline.fused import (CONSTANTS, IOTAS, POINTWISE, REDUCTIONS, UNIT_RESHAPES, group_levels, iota_of,
-                           meta_of, packet_name, reduction_axes)
+from passes.kernel_ir import rules
+from passes.kernel_ir.groups import (CONSTANTS, IOTAS, REDUCTIONS, UNIT_RESHAPES, group_levels, iota_of, meta_of,
+                                     packet_name, reduction_axes)
 
 if TYPE_CHECKING:
     from .dependencies import Dependencies
@@ -72,8 +73,9 @@ def classify(node: torch.fx.Node) -> tuple[str | None, str]:
                 return None, f"{name} reads {meta_of(arg).dtype}"
     if any(not isinstance(s, int) for s in value.shape):
         return None, f"{name} has dynamic shape {tuple(value.shape)} (static shapes only for now)"
-    if name in POINTWISE:
-        return _pointwise_problem(node, name)
+    if rules.pointwise(name):
+        why = rules.problem(node)
+        return (None, why) if why is not None else ("pointwise", "")
     if name in CONSTANTS:
         return "pointwise", ""
     if name in IOTAS:
@@ -87,21 +89,6 @@ def classify(node: torch.fx.Node) -> tuple[str | None, str]:
     if name in UNIT_RESHAPES:
         return "reshape", ""
     return None, f"{name} is not a pointwise or reduction operator (stays an extern call)"
-
-
-def _pointwise_problem(node: torch.fx.Node, name: str) -> tuple[str | None, str]:
-    if name == "aten.div" and node.kwargs.get("rounding_mode") is not None:
-        return None, "div with rounding_mode"
-    if name in ("aten.div", "prims.div") and not meta_of(node).dtype.is_floating_point:
-        return None, "integer division"
-    if name == "aten._to_copy":
-        extra = set(node.kwargs) - {"dtype", "layout", "device", "memory_format"}
-        src = meta_of(node.args[0])
-        if extra or meta_of(node).device != src.device:
-            return None, "_to_copy that changes more than the dtype"
-    if name == "aten.clamp" and any(isinstance(a, torch.fx.Node) for a in node.args[1:]):
-        return None, "clamp with tensor bounds"
-    return "pointwise", ""
 
 
 def shape_problem(group: Group, node: torch.fx.Node, kind: str) -> str | None:
@@ -151,7 +138,7 @@ def sources_only(group: Group) -> bool:
 def can_grow(group: Group, shape: tuple, node: torch.fx.Node | None) -> bool:
     """A pointwise group may take a larger domain its own broadcasts to, if none of its values is
     needed outside (they are then recomputed per element of the larger domain)."""
-    from pipeline.fused import broadcasts_to
+    from passes.kernel_ir.groups import broadcasts_to
     fits = broadcasts_to(group.domain, shape) or ramps_only(group)
     return (not group.reduced and fits and tuple(group.domain) != shape
             and group.only_used_inside(node))
@@ -160,7 +147,7 @@ def can_grow(group: Group, shape: tuple, node: torch.fx.Node | None) -> bool:
 def merge_problem(target: Group, other: Group, node: torch.fx.Node, depends_on: "Dependencies",
                   order: dict) -> str | None:
     """Why sibling group ``other`` cannot merge into ``target`` as ``node`` joins it (None if it can)."""
-    from pipeline.fused import broadcasts_to
+    from passes.kernel_ir.groups import broadcasts_to
     if other.device != target.device:
         return "different devices"
     if other.reduced:

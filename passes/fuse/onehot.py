@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from pipeline.fused import constant_value, iota_of, meta_of, packet_name
+from passes.kernel_ir.groups import constant_value, iota_of, meta_of, packet_name
 
 aten = torch.ops.aten
 SUMS = (aten.sum.dim_IntList,)

@@ -22,14 +22,14 @@ All hoists run first, then all sinks, so the two never undo each other.
 
 A third rewrite moves pads (:func:`hoist_pads`): ``pad(view(y))`` becomes ``view(pad(y))`` when
 the view leaves the padded trailing dims alone, so that the pad meets the kernel computing ``y``
-and becomes that kernel's padded output (:data:`pipeline.fused.PAD`).
+and becomes that kernel's padded output (:data:`passes.kernel_ir.groups.PAD`).
 """
 from __future__ import annotations
 
 import torch
 import torch.fx
 
-from pipeline.fused import end_padding, meta_of, packet_name
+from passes.kernel_ir.groups import end_padding, meta_of, packet_name
 
 from .legality import classify
 

@@ -8,10 +8,10 @@ plan preserves semantics against eager PyTorch. Plugin authors fuzz their own pa
     def test_my_rewrite_preserves_semantics(case):
         assert_preserves_semantics(MyRewrite, case)
 """
-from ..numerics import TOLERANCES, compare, tolerance
-from .assertions import SemanticsError, assert_preserves_semantics, prelude_for, run_passes, tags_of
-from .strategies import FLOAT_DTYPES, GraphCase, TensorSpec, graphs
-from .training import assert_gradients_match, gradient_inputs, loss_and_gradients
+from pipeline.numerics import TOLERANCES, compare, tolerance
+from pipeline.testing.assertions import SemanticsError, assert_preserves_semantics, prelude_for, run_passes, tags_of
+from pipeline.testing.strategies import FLOAT_DTYPES, GraphCase, TensorSpec, graphs
+from pipeline.testing.training import assert_gradients_match, gradient_inputs, loss_and_gradients
 
 __all__ = ["graphs", "GraphCase", "TensorSpec", "FLOAT_DTYPES", "assert_preserves_semantics",
            "SemanticsError", "prelude_for", "run_passes", "tags_of", "compare", "tolerance", "TOLERANCES",

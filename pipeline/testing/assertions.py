@@ -7,15 +7,16 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx
 
-from .. import compat
-from ..errors import PipelineError
-from ..graph_pass import Pass, PassContext
-from ..instruments import copy_graph
-from ..manager import BoundPass, PassManager
-from ..plan import Plan
-from ..registry import PluginInfo, Registry, get_registry
-from ..verification import run_and_compare
-from .strategies import GraphCase
+from pipeline import compat
+from pipeline.api import compile_with_plan
+from pipeline.errors import PipelineError
+from pipeline.graph_pass import Pass, PassContext
+from pipeline.instruments import copy_graph
+from pipeline.manager import BoundPass, PassManager
+from pipeline.plan.schema import Plan
+from pipeline.registry import PluginInfo, Registry, get_registry
+from pipeline.verification import run_and_compare
+from pipeline.testing.strategies import GraphCase
 
 START_TAGS = frozenset({"captured"})
 
@@ -86,7 +87,7 @@ def run_passes(passes: Sequence[Any], gm: torch.fx.GraphModule, example_inputs: 
     registry = registry or get_registry()
     bound = [p if isinstance(p, BoundPass) else _bind(p, registry) for p in passes]
     context = PassContext(graph_id="test", target=_target(example_inputs),
-                          example_inputs=compat.fake_copies(list(example_inputs)), plan=None,
+                          example_inputs=compat.fake_copies(list(example_inputs)),
                           tags=tags if tags is not None else set(tags_of(gm)))
     manager = PassManager(bound, registry=registry, plugin_manager=registry.plugin_manager(),
                           check_invariants=check_invariants)
@@ -152,7 +153,6 @@ def assert_preserves_semantics(subject: Any, case: GraphCase | torch.fx.GraphMod
 
 
 def _check_plan(plan: Any, fn: Callable, input_sets: list, case: Any) -> None:
-    from ..api import compile_with_plan
     compiled = compile_with_plan(fn, plan)
     for args in input_sets:
         problem = run_and_compare(fn, compiled, list(args))

@@ -10,9 +10,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..numerics import compare, tolerance
-from .assertions import SemanticsError
-from .strategies import GraphCase
+from pipeline.api import compile_with_plan
+from pipeline.numerics import compare, tolerance
+from pipeline.testing.assertions import SemanticsError
+from pipeline.testing.strategies import GraphCase
 
 
 def gradient_inputs(inputs: Sequence[Any]) -> list[Any]:
@@ -58,7 +59,6 @@ def assert_gradients_match(plan: Any, case: GraphCase | Callable, inputs: Sequen
     own rounding error there, measured against the same computation in float64 when the case
     runs in float64: a gradient that is mathematically near zero (a layer norm over two
     elements) is rounding noise in any evaluation order, and must not fail the check."""
-    from ..api import compile_with_plan
     fn = case.gm if isinstance(case, GraphCase) else case
     compiled = compile_with_plan(fn, plan)
     input_sets = ([case.make_inputs(seed) for seed in seeds] if inputs is None

@@ -1,7 +1,7 @@
 """``numpy-backend``: a third-party code generation backend for plan-pipeline, for debugging.
 
 It reads the same fused-group description as the built-in ``codegen`` pass
-(:class:`pipeline.fused.FusedGroup`: a subgraph of ATen ops, its domain and reduced axes) and
+(:class:`passes.kernel_ir.groups.FusedGroup`: a subgraph of ATen ops, its domain and reduced axes) and
 generates, for each group, a readable Python function that computes it with numpy, by default in
 float64. The result is a reference implementation of every fused group that shares no code with
 torch's kernels or with the generated C++/Triton ones: when a compiled model disagrees with eager,
@@ -20,7 +20,7 @@ compiling it with the ``numpy-reference`` plan tells whether the fused groups th
 The plan ``numpy-reference`` (``plans/numpy-reference.yaml``) is the default plan with
 ``codegen`` replaced by this pass and ``verify: final``.
 
-Written only against the public API: ``pipeline`` and ``pipeline.fused``.
+Written only against the public API: ``pipeline`` and ``passes.kernel_ir.groups``.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ import torch
 import torch.fx
 
 import pipeline
-from pipeline.fused import CompiledKernel, FusedGroup, packet_name
+from passes.kernel_ir.groups import CompiledKernel, FusedGroup, packet_name
 
 __version__ = "0.1.0"
 

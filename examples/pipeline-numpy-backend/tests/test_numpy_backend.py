@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pipeline
-import pipeline.fused
+import passes.kernel_ir.groups
 from pipeline.testing import FLOAT_DTYPES, assert_preserves_semantics, graphs, prelude_for, run_passes
 from numpy_backend import RULES, NumpyBackend, NumpyBackendOptions, NumpyKernel
 
@@ -42,8 +42,8 @@ def targets(gm: torch.fx.GraphModule, kind: type) -> list:
 
 
 def test_every_op_the_fuser_can_group_has_a_numpy_rule():
-    fusable = (pipeline.fused.POINTWISE | pipeline.fused.REDUCTIONS | pipeline.fused.UNIT_RESHAPES
-               | pipeline.fused.SOURCES)
+    fusable = (passes.kernel_ir.groups.POINTWISE | passes.kernel_ir.groups.REDUCTIONS | passes.kernel_ir.groups.UNIT_RESHAPES
+               | passes.kernel_ir.groups.SOURCES)
     assert sorted(fusable - set(RULES)) == []
 
 
@@ -58,9 +58,9 @@ def test_numpy_kernels_compute_what_the_fused_groups_compute(case, opts):
 @given(graphs(max_ops=8, dtypes=DTYPES), st.sets(st.sampled_from(["pointwise", "reduction"])))
 def test_exactly_the_groups_of_the_chosen_kinds_become_numpy_kernels(case, kinds):
     fused, after = fused_and_backend(case, NumpyBackendOptions(kinds=sorted(kinds)))
-    groups = targets(fused, pipeline.fused.FusedGroup)
+    groups = targets(fused, passes.kernel_ir.groups.FusedGroup)
     assert [k.group for k in targets(after, NumpyKernel)] == [g for g in groups if g.kind in kinds]
-    assert targets(after, pipeline.fused.FusedGroup) == [g for g in groups if g.kind not in kinds]
+    assert targets(after, passes.kernel_ir.groups.FusedGroup) == [g for g in groups if g.kind not in kinds]
 
 
 def test_generated_source_is_one_numpy_line_per_op():

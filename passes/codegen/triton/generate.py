@@ -1,0 +1,138 @@
+"""The ``codegen`` pass's Triton branch: a :class:`~.runtime.TritonKernel` for every fused group
+the backend can generate (with the special kernels: pitched rows, split reductions, ATen-ordered
+row statistics), the others left to run eagerly with the reason noted."""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+import torch.fx
+
+from passes.kernel_ir.groups import FusedGroup, meta_of
+from passes.kernel_ir.loops import UnsupportedGroup, analyze
+
+from .autotune import candidate_blocks
+from .pitch import pitch_nest
+from .precompile import precompile
+from .runtime import TritonKernel, interpreter_problem, interpreting, kernel_dir, load_module, triton_missing, write_source
+from .source import TritonNest, TritonSource, kernel_source
+from .split import build_split_kernel, split_plan
+
+
+def generate(graph: torch.fx.GraphModule, context: Any, *, emulate_precision: bool,
+             autotune: bool = False, compile_workers: int = 0, pitch_rows: bool = True,
+             split_reductions: bool = True, eager_norm_statistics: bool = False,
+             eager_norm_max_row: int = 0) -> torch.fx.GraphModule:
+    """The ``codegen`` pass with ``backend: triton``: a TritonKernel for every fused group it can
+    generate; the others keep running eagerly, with the reason in the report. With ``autotune``
+    each CUDA kernel's launch shape is chosen by timing candidates (triton/autotune.py). With
+    ``compile_workers`` the CUDA kernels' binaries are compiled in parallel (:func:`precompile`).
+    With ``pitch_rows``, nests over padded rows run over the padded extent (triton/pitch.py); with
+    ``split_reductions``, strided-axis reductions with few programs run in two kernels
+    (triton/split.py); with ``eager_norm_statistics``, the variances of rows of at most
+    ``eager_norm_max_row`` elements are computed in the order of ATen's CUDA layer norm
+    (triton/welford.py)."""
+
+    interpret = interpreting()
+    blocked = triton_missing()
+    if blocked is None and interpret:
+        blocked = interpreter_problem()
+    cache = context.cache
+    directory, persistent = (cache.dir, cache.enabled) if cache is not None else (None, True)
+    made, hits = 0, 0
+    cuda_kernels: list[tuple[TritonKernel, list[torch.dtype]]] = []
+    for node in graph.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, FusedGroup):
+            continue
+        group = node.target
+        placeholders = [n for n in group.subgraph.graph.nodes if n.op == "placeholder"]
+        values = [meta_of(n) for n in placeholders] + list(
+            meta_of(n) for n in next(n for n in group.subgraph.graph.nodes if n.op == "output").args[0])
+        device = next((v.device for v in values if isinstance(v, torch.Tensor)), torch.device("cpu"))
+        reason = blocked
+        if reason is None and device.type != "cuda" and not interpret:
+            reason = f"the triton backend runs {device.type} tensors only under TRITON_INTERPRET=1"
+        if reason:
+            context.note(f"{group.name}: runs eagerly: {reason}")
+            continue
+        try:
+            nest = TritonNest.of(analyze(group))
+            exact = pitch_nest(nest) if pitch_rows else None
+            if exact is not None:
+                nest, exact = exact, nest
+            row = math.prod(nest.sizes[a] for a in nest.reduced)
+            nest.aten_statistics = eager_norm_statistics and bool(nest.reduced) and row <= eager_norm_max_row
+            split = split_plan(nest) if split_reductions else None
+            if split is not None:
+                node.target, stages = build_split_kernel(group, nest, split, emulate_precision=emulate_precision,
+                                                         directory=directory, persistent=persistent,
+                                                         interpret=interpret)
+                made += 1
+                context.note(f"{group.name}: split reduction, {split.count} chunks of {split.chunk} rows")
+                if device.type == "cuda" and not interpret:
+                    cuda_kernels.extend(stages)
+                continue
+            generated = kernel_source(nest, emulate_precision=emulate_precision)
+        except (UnsupportedGroup, NotImplementedError) as exc:
+            context.note(f"{group.name}: runs eagerly: {exc}")
+            continue
+        if autotune and device.type == "cuda" and not interpret:
+            from .autotune import tune
+
+            def jitted(source: TritonSource):
+                return load_module(write_source(source.source, directory, persistent=persistent)[0],
+                                   interpret=False).KERNEL
+
+            generated, message = tune(nest, generated.name, emulate_precision=emulate_precision,
+                                      inputs=[meta_of(p) for p in placeholders],
+                                      outputs=[meta_of(n) for n, _ in nest.outputs], device=device,
+                                      folder=kernel_dir(directory, persistent=persistent), load=jitted)
+            context.note(message)
+        path, hit = write_source(generated.source, directory, persistent=persistent)
+        module = load_module(path, interpret=interpret)
+        arguments = [meta_of(p) for p in placeholders], [meta_of(n) for n, _ in nest.outputs]
+        pitched = {}
+        if exact is not None:
+            exact_source = kernel_source(exact, emulate_precision=emulate_precision)
+            exact_path, _ = write_source(exact_source.source, directory, persistent=persistent)
+            outputs = [n for n, _ in nest.outputs]
+            pitched = {"exact": TritonKernel(group, exact_source, load_module(exact_path, interpret=interpret),
+                                             exact_path, *arguments),
+                       "covers": nest.pitch.spans,
+                       "padded_outputs": tuple(outputs.index(n) for n in nest.pitch.outputs)}
+            context.note(f"{group.name}: rows run over their padded extent {nest.pitch.extent} "
+                         f"(of {nest.pitch.size})")
+        kernel = TritonKernel(group, generated, module, path, *arguments, **pitched)
+        kernel.alternatives = _other_launch_shapes(nest, generated, emulate_precision, directory, persistent)
+        node.target = kernel
+        made, hits = made + 1, hits + hit
+        if device.type == "cuda" and not interpret:
+            cuda_kernels.append((kernel, [v.dtype for v in arguments[0] + arguments[1]]))
+    if made:
+        context.note(f"{made} Triton kernel(s) in {kernel_dir(directory, persistent=persistent)} ({hits} cache hit(s))"
+                     + (" run by the Triton interpreter" if interpret else ""))
+        graph.recompile()
+    if cuda_kernels and compile_workers:
+        compiled, seconds = precompile(cuda_kernels, compile_workers)
+        if compiled:
+            context.note(f"{compiled} distinct Triton kernel binaries compiled by {compile_workers} thread(s) "
+                         f"in {seconds:.2f} s before the first launch")
+    return graph
+
+
+def _other_launch_shapes(nest: Any, generated: TritonSource, emulate_precision: bool, directory: Any,
+                         persistent: bool) -> Callable[[], list]:
+    """The nest's other candidate launch shapes as (source, path, module), made only when asked:
+    what a kernel tries when Triton cannot compile the shape it was generated with."""
+    def make() -> list:
+        out = []
+        for blocks in candidate_blocks(nest):
+            source = kernel_source(nest, generated.name, emulate_precision=emulate_precision, blocks=blocks)
+            if source.source != generated.source:
+                path, _ = write_source(source.source, directory, persistent=persistent)
+                out.append((source, path, load_module(path, interpret=False)))
+        return out
+    return make
+
+

@@ -1,0 +1,221 @@
+"""Loop-level analysis of a :class:`FusedGroup`, shared by the code generation backends.
+
+It answers, for static shapes: which domain axes the kernel loops over (after merging axes that
+every access walks contiguously), the level and pass of every node (multi-pass row kernels for
+softmax-like groups), and how each input and output is addressed (one stride per loop axis, 0 for
+broadcast axes; an output pad, see :data:`passes.kernel_ir.groups.PAD`, by the padded buffer's strides
+over the unpadded domain). Backends turn this into C++ or Triton without redoing shape reasoning.
+"""
+from __future__ import annotations
+
+import attrs
+import torch
+import torch.fx
+
+from .groups import (REDUCTIONS, UNIT_RESHAPES, FusedGroup, broadcasts_to, end_padding, group_levels, iota_of,
+                    meta_of, outer_axis_map, packet_name)
+
+
+class UnsupportedGroup(Exception):
+    """The group cannot be generated as a kernel (it then runs eagerly, with this reason)."""
+
+
+@attrs.frozen
+class Access:
+    """How one tensor is addressed: element strides per loop axis (0 = broadcast)."""
+
+    strides: tuple[int, ...]
+
+
+@attrs.frozen
+class Ramp:
+    """An index ramp's value at a loop point: ``start + step * i<axis>``, or ``start`` when
+    ``axis`` is None (a ramp of one element)."""
+
+    start: int
+    step: int
+    axis: int | None
+
+
+@attrs.define(eq=False)
+class LoopNest:
+    """The loops of one kernel and what happens at each node."""
+
+    group: FusedGroup
+    sizes: tuple[int, ...]                      # loop axes after merging
+    reduced: tuple[int, ...]                    # which loop axes are reduced
+    nodes: list[torch.fx.Node]                  # compute nodes in order
+    level: dict                                 # node -> 'full' | 'outer'
+    pass_of: dict                               # full node -> pass; reduction/outer node -> pass it is available at
+    loads: dict                                 # (placeholder, level) -> Access
+    outputs: list[tuple[torch.fx.Node, Access]]
+    passes: int
+    ramps: dict = attrs.field(factory=dict)     # index-ramp node -> Ramp (computed, never loaded)
+
+    @property
+    def outer_axes(self) -> list[int]:
+        """Indices of the loop axes that are not reduced, in loop order."""
+        return [a for a in range(len(self.sizes)) if a not in self.reduced]
+
+
+def _is_static(values) -> bool:
+    return all(isinstance(v, int) for v in values)
+
+
+def _strides_for(shape: tuple, strides: tuple, consumer_shape: tuple | None, domain: tuple,
+                 reduced: tuple) -> list[int]:
+    """Element strides over the domain axes of a tensor (shape, strides) read with eager
+    broadcasting by a consumer: right-aligned to the domain for full-level consumers, or to the
+    consumer's reduced shape (``consumer_shape``) for outer-level consumers."""
+    rank = len(domain)
+    out = [0] * rank
+    if consumer_shape is None:
+        axis_of = list(range(rank))
+        target_rank = rank
+    else:
+        axis_of = outer_axis_map(consumer_shape, domain, reduced)
+        if axis_of is None and not reduced and tuple(consumer_shape) == tuple(domain):
+            axis_of = list(range(rank))     # a reduction over no axis (a 0-d input): outer is full
+        if axis_of is None:
+            raise UnsupportedGroup(f"{consumer_shape} is not a reduced shape of {domain}")
+        target_rank = len(consumer_shape)
+    offset = target_rank - len(shape)
+    if offset < 0:
+        raise UnsupportedGroup(f"cannot broadcast {shape} to rank {target_rank}")
+    for k, size in enumerate(shape):
+        axis = axis_of[k + offset]
+        if size != 1 and axis is not None:
+            out[axis] = strides[k]
+    return out
+
+
+def analyze(group: FusedGroup) -> LoopNest:
+    """Loop structure of ``group`` (raises :class:`UnsupportedGroup` for dynamic shapes)."""
+    graph = group.subgraph.graph
+    domain = tuple(group.domain)
+    reduced = tuple(group.reduced)
+    if not _is_static(domain):
+        raise UnsupportedGroup(f"dynamic domain {domain}")
+    nodes = [n for n in graph.nodes if n.op == "call_function"]
+    output_node = next(n for n in graph.nodes if n.op == "output")
+    level, why = group_levels(nodes, domain, reduced)
+    if level is None:
+        raise UnsupportedGroup(why)
+    ramp_axes = {}
+    for node in list(nodes):
+        axis = _ramp_domain_axis(node, level[node], domain, reduced)
+        if axis is False:
+            if node in output_node.args[0]:
+                raise UnsupportedGroup(f"index ramp {node.name} does not line up with the domain")
+            nodes.remove(node)      # only reshapes of itself read it; they compute their own value
+        elif iota_of(node) is not None:
+            ramp_axes[node] = axis
+    pass_of: dict = {}
+    for node in nodes:
+        deps = [pass_of[a] for a in node.all_input_nodes if a in pass_of]
+        if packet_name(node.target) in REDUCTIONS:
+            pass_of[node] = (max(deps) if deps else 0) + 1
+        else:
+            pass_of[node] = max(deps) if deps else 0
+    passes = max([pass_of[n] for n in nodes if level[n] == "full"] + [0]) + 1
+    raw_loads: dict = {}
+    for node in nodes:
+        reads_full = packet_name(node.target) in REDUCTIONS or level[node] == "full"
+        consumer_shape = None if reads_full else tuple(meta_of(node).shape)
+        for arg in node.all_input_nodes:
+            if arg.op != "placeholder":
+                continue
+            value = meta_of(arg)
+            if not isinstance(value, torch.Tensor):
+                raise UnsupportedGroup(f"input {arg.name} is not a tensor")
+            if not (_is_static(value.shape) and _is_static(value.stride())):
+                raise UnsupportedGroup(f"input {arg.name} has dynamic shape or strides")
+            raw_loads[(arg, node)] = _strides_for(tuple(value.shape), tuple(value.stride()), consumer_shape,
+                                                  domain, reduced)
+    raw_outputs = []
+    for out in output_node.args[0]:
+        value = meta_of(out)
+        if not (_is_static(value.shape) and _is_static(value.stride())):
+            raise UnsupportedGroup(f"output {out.name} has dynamic shape or strides")
+        consumer_shape = None if level[out] == "full" else tuple(value.shape)
+        if level[out] == "full" and tuple(value.shape) != domain and end_padding(out) is None:
+            raise UnsupportedGroup(f"output {out.name} is broadcast to the domain; it would be written repeatedly")
+        raw_outputs.append((out, _strides_for(tuple(value.shape), tuple(value.stride()), consumer_shape,
+                                              domain, reduced)))
+    pinned = {a for a in ramp_axes.values() if a is not None}
+    sizes, red, loads, outputs, origin = _merge_axes(list(domain), reduced, raw_loads, raw_outputs, pinned)
+    ramps = {}
+    for node, axis in ramp_axes.items():
+        ramp = iota_of(node)
+        ramps[node] = Ramp(ramp.start, ramp.step, None if axis is None else origin.index(axis))
+    return LoopNest(group=group, sizes=tuple(sizes), reduced=tuple(red), nodes=nodes, level=level,
+                    pass_of=pass_of, loads={k: Access(tuple(v)) for k, v in loads.items()},
+                    outputs=[(n, Access(tuple(s))) for n, s in outputs], passes=passes, ramps=ramps)
+
+
+def _ramp_domain_axis(node: torch.fx.Node, level: str, domain: tuple, reduced: tuple):
+    """The domain axis an index ramp's value runs along at ``level``: None for a one-element ramp
+    (or a node that is no ramp), False for a full-level ramp whose shape does not broadcast to the
+    domain (only reshapes of itself may read it)."""
+    ramp = iota_of(node)
+    if ramp is None or ramp.axis is None:
+        return None
+    shape = tuple(meta_of(node).shape)
+    if level == "outer":
+        return outer_axis_map(shape, domain, reduced)[ramp.axis]
+    if not broadcasts_to(shape, domain):
+        return False
+    return len(domain) - len(shape) + ramp.axis
+
+
+def _merge_axes(sizes: list[int], reduced: tuple, loads: dict, outputs: list, pinned: set = frozenset()):
+    """Merge neighbouring axes of the same kind that every access walks as one (contiguously),
+    except the ``pinned`` domain axes (an index ramp runs along them, so they keep their own loop
+    index). Also returns, per loop axis, the domain axis it starts at."""
+    red = set(reduced)
+    origin = list(range(len(sizes)))
+    accesses = list(loads.values()) + [s for _, s in outputs]
+    axis = len(sizes) - 2
+    while axis >= 0:
+        a, b = axis, axis + 1
+        same_kind = (a in red) == (b in red)
+        free = origin[a] not in pinned and origin[b] not in pinned
+        if same_kind and free and all(acc[a] == acc[b] * sizes[b] for acc in accesses):
+            sizes[a] = sizes[a] * sizes[b]
+            del sizes[b]
+            del origin[b]
+            for acc in accesses:
+                acc[a] = acc[b]
+                del acc[b]
+            red = {x - 1 if x > b else x for x in red if x != b}
+        axis -= 1
+    # Drop size-1 axes: they never change an address.
+    keep = [i for i, s in enumerate(sizes) if s != 1]
+    if len(keep) != len(sizes):
+        remap = {old: new for new, old in enumerate(keep)}
+        sizes = [sizes[i] for i in keep]
+        origin = [origin[i] for i in keep]
+        red = {remap[x] for x in red if x in remap}
+        for acc in accesses:
+            acc[:] = [acc[i] for i in keep]
+    return sizes, tuple(sorted(red)), loads, outputs, origin
+
+
+__all__ = ["analyze", "LoopNest", "Access", "UnsupportedGroup", "UNIT_RESHAPES"]
+
+
+def closure(roots: list, full_nodes: list, stop: frozenset = frozenset()) -> list:
+    """Full-level nodes of a nest needed to compute ``roots``, in graph order (not looking past the
+    nodes in ``stop``, whose values a backend already holds). Both backends plan their passes
+    over a reduction's row with it."""
+    full = set(full_nodes)
+    needed: set = set()
+    stack = [r for r in roots if r in full]
+    while stack:
+        node = stack.pop()
+        if node in needed:
+            continue
+        needed.add(node)
+        if node not in stop:
+            stack.extend(a for a in node.all_input_nodes if a in full)
+    return [n for n in full_nodes if n in needed]

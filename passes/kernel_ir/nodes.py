@@ -1,0 +1,76 @@
+"""Facts about single graph nodes that the kernel IR, the operator rules and both backends share:
+operator names, the op families fuse treats specially, and the dtypes torch computes values in."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx
+
+from pipeline import compat
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+REDUCTIONS = {"aten.sum", "prims.sum", "aten.amax", "aten.amin", "aten.argmax", "aten.argmin", "aten.prod"}
+
+
+# Shape-only ops allowed inside a group when they just add or drop size-1 axes of an outer value.
+UNIT_RESHAPES = {"aten.view", "aten._unsafe_view", "aten.unsqueeze", "aten.squeeze", "aten.reshape",
+                 "prims.broadcast_in_dim", "aten.expand"}
+
+
+FLOAT_TYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+# Operators that read no tensor, computed from nothing at each element: fills (a constant) and
+# index ramps (iota / arange: the element's index along one axis). Inside a kernel they cost no
+# memory traffic, so e.g. a one-hot ``where(iota == index, value, fill)`` never materializes.
+CONSTANTS = {"aten.full", "aten.scalar_tensor"}
+
+
+IOTAS = {"prims.iota", "aten.arange"}
+
+
+SOURCES = CONSTANTS | IOTAS
+
+
+# An output pad: ``constant_pad_nd`` of a group's full-domain value, padding trailing dims at their
+# end only (pad-mm's zero-padded matmul operands). ``fuse`` puts it in the producing group as that
+# value's output: the kernel stores the value into the padded buffer's layout, and the kernel
+# object fills the padding (:func:`output_fills`), so no separate pad copies the whole tensor.
+PAD = "aten.constant_pad_nd"
+
+
+def packet_name(target: Any) -> str:
+    """``aten.add`` for ``aten.add.Tensor`` (the name tables above use)."""
+    if isinstance(target, torch._ops.OpOverload):
+        return f"{target.namespace}.{target._schema.name.split('::')[-1]}"
+    return compat.op_name(target)
+
+
+def meta_of(value: Any) -> Any:
+    """The example value (fake tensor, SymInt or constant) recorded for a node or literal."""
+    if isinstance(value, torch.fx.Node):
+        return value.meta.get("val")
+    return value
+
+
+def value_dtype(value: Any) -> torch.dtype:
+    """The dtype of a graph value or Python literal as torch's type promotion sees it."""
+    meta = meta_of(value)
+    if isinstance(meta, torch.Tensor):
+        return meta.dtype
+    if isinstance(meta, bool):
+        return torch.bool
+    if isinstance(meta, int):
+        return torch.int64
+    return torch.float32
+
+
+def promoted_dtype(args: list) -> torch.dtype:
+    """The dtype torch computes a comparison of ``args`` in (promotion of tensors and scalars)."""
+    values = [torch.empty((), dtype=meta_of(a).dtype) if isinstance(meta_of(a), torch.Tensor)
+              else meta_of(a) for a in args]
+    result = values[0] if len(values) == 1 else torch.result_type(values[0], values[1])
+    return result.dtype if isinstance(result, torch.Tensor) else result

@@ -1,0 +1,613 @@
+"""The one place that touches private torch APIs (Dynamo, AOTAutograd, make_fx, fake tensors,
+decomposition tables). Tested on torch 2.11 (GPU machine) and 2.13 (CPU machines); the next torch
+release should be a change to this file alone (and to :mod:`pipeline.compat.dynamo`, the Dynamo
+settings part, which it re-exports)."""
+from __future__ import annotations
+
+import contextlib
+import inspect
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+import torch.fx
+
+from pipeline.compat.dynamo import (  # noqa: F401  (re-exported: callers import one compatibility module)
+    DIRECT_STANCES, MISS, STANCES, DirectCall, DynamoSettings, ReusableStance, backend_failure_types, compile_lock,
+    current_stance, dynamo_compile, graph_break_counts, is_refused_recompile, logger_functions, logging_can_be_ignored,
+    max_variants_per_function, recompile_error_types, recompile_limit_hit_count, recompile_limit_hits,
+    reset_dynamo, stance, unsupported_error_types)
+
+TORCH_VERSION = torch.__version__
+
+
+# -- fake tensors and re-tracing ---------------------------------------------------------------
+def fake_mode_of(values: Iterable[Any]):
+    """The FakeTensorMode the given values belong to (or the active tracing context's), or None."""
+    from torch._guards import detect_fake_mode
+    return detect_fake_mode(list(values))
+
+
+def as_fake(values: list, fake_mode=None) -> list:
+    """Fake versions of ``values`` in Dynamo's fake mode (memoized, so symbolic sizes are kept)."""
+    fake_mode = fake_mode or fake_mode_of(values)
+    if fake_mode is None:
+        return list(values)
+    return [fake_mode.from_tensor(v) if isinstance(v, torch.Tensor) and not is_fake(v) else v
+            for v in values]
+
+
+def backend_inputs(gm: torch.fx.GraphModule, example_inputs: list) -> list:
+    """The example inputs a Dynamo backend should trace ``gm`` with: tensors as fakes of the
+    backend's fake mode (their symbolic sizes kept), and each size placeholder as the symbol
+    Dynamo traced it with (Dynamo hands over the real int it saw, which would bake this call's
+    size into every graph traced from it)."""
+    values = as_fake(list(example_inputs))
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    if len(placeholders) != len(values):
+        return values
+    out = []
+    for node, value in zip(placeholders, values):
+        symbol = node.meta.get("example_value", node.meta.get("val"))
+        out.append(symbol if isinstance(symbol, (torch.SymInt, torch.SymFloat, torch.SymBool)) else value)
+    return out
+
+
+def is_fake(value: Any) -> bool:
+    """True for a fake tensor (metadata only, no storage), as Dynamo and ``make_fx`` hand out."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    return isinstance(value, FakeTensor)
+
+
+def retrace(fn: Callable, example_inputs: list, *, decompositions: dict | None = None,
+            functionalize: bool = False, remove: str = "mutations") -> torch.fx.GraphModule:
+    """Trace ``fn`` to an ATen-level FX graph with ``make_fx`` on ``example_inputs`` (fake or real),
+    optionally through functionalization and a decomposition table. Symbolic sizes of fake
+    inputs (and size placeholders given as symbols) stay symbolic in the traced graph.
+
+    Functionalization is torch's Python functionalization (``FunctionalTensorMode``, what
+    AOTAutograd runs; ``torch.func.functionalize`` loses symbolic sizes), with the Python
+    dispatcher on: then ``native_batch_norm`` (whose schema hides its in-place update of the
+    running statistics) traces as ``_native_batch_norm_legit``, whose schema declares it, so the
+    update is functionalized instead of being left as a hidden mutation. Writes into inputs
+    become one ``copy_`` into the input at the end of the graph. ``remove="mutations_and_views"``
+    also turns every view into its ``*_copy`` operator."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    target = fn
+    dispatcher = contextlib.nullcontext()
+    if functionalize:
+        from torch._dispatch.python import enable_python_dispatcher
+        target = _functionalized(fn)
+        dispatcher = enable_python_dispatcher()
+    fake_mode = fake_mode_of(example_inputs)
+    if fake_mode is None:
+        with dispatcher:
+            traced = make_fx(target, decomposition_table=decompositions or {}, tracing_mode="real")(*example_inputs)
+    else:
+        # Graph constants (folded tensors, buffers kept as attributes) are real tensors; the fake
+        # mode converts them on the fly while tracing.
+        allowed = fake_mode.allow_non_fake_inputs
+        fake_mode.allow_non_fake_inputs = True
+        try:
+            with fake_mode, dispatcher:
+                traced = make_fx(target, decomposition_table=decompositions or {}, tracing_mode="real")(*example_inputs)
+        finally:
+            fake_mode.allow_non_fake_inputs = allowed
+    if functionalize and remove == "mutations_and_views":
+        _views_to_copies(traced)
+    return traced
+
+
+def _functionalized(fn: Callable) -> Callable:
+    """``fn`` run under Python functionalization: in-place ops become out-of-place ones, and an
+    input that was written is updated with one ``copy_`` of its final value."""
+    from torch._functorch._aot_autograd.functional_utils import from_fun, has_data_mutation, to_fun
+    from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+
+    def functional(*args: Any) -> Any:
+        with FunctionalTensorMode():
+            wrapped = [to_fun(a) for a in args]
+            out = fn(*wrapped)
+        flat, spec = torch.utils._pytree.tree_flatten(out)
+        flat = [from_fun(o) for o in flat]
+        for arg, fun in zip(args, wrapped):
+            if isinstance(fun, FunctionalTensor):
+                torch._sync(fun)
+                if has_data_mutation(fun):
+                    arg.copy_(from_fun(fun))
+        return torch.utils._pytree.tree_unflatten(flat, spec)
+
+    return functional
+
+
+def _views_to_copies(gm: torch.fx.GraphModule) -> None:
+    """Replace every view operator of ``gm`` by its ``*_copy`` counterpart (``view`` by
+    ``view_copy``), which materializes its result instead of aliasing."""
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not is_view_op(node.target):
+            continue
+        schema_name = node.target._schema.name.split("::")[-1]
+        copy = resolve_op(f"{node.target.namespace}.{schema_name}_copy.{node.target._overloadname}")
+        if copy is not None:
+            node.target = copy
+    gm.recompile()
+
+
+# -- operators and decomposition tables --------------------------------------------------------
+def resolve_op(name: str):
+    """``"aten.addmm"`` or ``"aten.addmm.default"`` to the operator object, or None if unknown."""
+    parts = name.split(".")
+    if len(parts) < 2:
+        return None
+    namespace = getattr(torch.ops, parts[0], None)
+    if namespace is None:
+        return None
+    try:
+        packet = getattr(namespace, parts[1])
+    except (AttributeError, RuntimeError):
+        return None
+    if len(parts) == 2:
+        return packet
+    try:
+        return getattr(packet, parts[2]) if len(parts) == 3 else None
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def overloads_of(op: Any) -> list:
+    """Every overload of an operator packet, or the overload itself."""
+    if isinstance(op, torch._ops.OpOverloadPacket):
+        return [getattr(op, o) for o in op.overloads()]
+    return [op]
+
+
+def core_aten_table() -> dict:
+    """torch's core-ATen decomposition table (about 940 entries on torch 2.13)."""
+    from torch._decomp import core_aten_decompositions
+    return dict(core_aten_decompositions())
+
+
+def decompositions_for(ops: list) -> dict:
+    """Entries of torch's global decomposition registry for ``ops`` (packets or overloads);
+    ops without a registered decomposition are simply absent from the result."""
+    from torch._decomp import get_decompositions
+    return dict(get_decompositions(ops))
+
+
+def op_name(target: Any) -> str:
+    """``aten.add.Tensor`` style name of a node target (falls back to its qualified name)."""
+    if isinstance(target, torch._ops.OpOverload):
+        return f"{target.namespace}.{target._schema.name.split('::')[-1]}.{target._overloadname}"
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return f"{target._qualified_op_name.replace('::', '.')}"
+    module = getattr(target, "__module__", None) or ""
+    return f"{module}.{getattr(target, '__name__', repr(target))}".lstrip(".")
+
+
+def is_view_op(target: Any) -> bool:
+    """True for ATen operators whose result aliases their first argument (select, slice, view...)."""
+    return isinstance(target, torch._ops.OpOverload) and bool(getattr(target, "is_view", False))
+
+
+def is_mutating(target: Any) -> bool:
+    """True for operators that write into an argument (in-place and out= variants)."""
+    schema = getattr(target, "_schema", None)
+    if schema is not None:
+        return schema.is_mutable
+    name = getattr(target, "__name__", "")
+    return name.endswith("_") and not name.endswith("__")
+
+
+def is_nondeterministic(target: Any) -> bool:
+    """True for random or otherwise non-repeatable operators (never merged or folded)."""
+    tags = getattr(target, "tags", ())
+    if torch.Tag.nondeterministic_seeded in tags:
+        return True
+    name = getattr(target, "__name__", "")
+    return name in {"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "dropout",
+                    "bernoulli", "multinomial", "normal", "randperm", "native_dropout"}
+
+
+# -- AOTAutograd -------------------------------------------------------------------------------
+def aot_compile(gm: torch.fx.GraphModule, example_inputs: list, *, forward: Callable,
+                backward: Callable, partition: Callable | None = None,
+                inference: Callable | None = None) -> Callable:
+    """Trace the joint forward/backward graph with AOTAutograd and compile each half with the
+    given compilers (``compiler(graph, example_inputs) -> callable taking *args``).
+    ``inference`` compiles the graph instead when AOTAutograd finds that no output needs a
+    gradient after all (then there is no joint graph and no backward).
+
+    ``partition(joint, flat_inputs, num_primals, num_forward_outputs) -> (forward, backward)``
+    replaces torch's default partitioner. ``joint`` takes its inputs flat (primals, then
+    tangents; placeholders named ``primals_N`` and ``tangents_N``) and returns the forward's
+    outputs followed by one gradient (or None) per primal. The halves follow AOTAutograd's
+    contract: the forward takes the primals and returns its outputs, then the tensors saved for
+    the backward, then saved SymInts; the backward takes the saved SymInts, the saved tensors,
+    then every tangent, and returns one gradient (or None) per primal."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from torch._functorch._aot_autograd.utils import make_boxed_func
+
+    def boxed(compiler: Callable) -> Callable:
+        # Never traced by Dynamo: a backward compiles lazily, at the first backward call, and
+        # that call can come from code Dynamo is running (``torch.autograd.grad`` inside a
+        # compiled function), where Dynamo would otherwise trace our compiler as user code.
+        @torch._dynamo.disable
+        def compile_boxed(graph: torch.fx.GraphModule, inputs: list) -> Callable:
+            # AOTAutograd calls its compilers inside its fake mode; ours run as the inference
+            # path does, outside it (passes enter the fake mode of their example inputs).
+            with real_tensors():
+                return make_boxed_func(compiler(graph, list(inputs)))
+        return compile_boxed
+
+    extra: dict = {}
+    if partition is not None:
+        def partition_fn(joint: torch.fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int,
+                         **_: Any) -> tuple:
+            flat = list(torch.utils._pytree.tree_leaves(joint_inputs))
+            # AOTAutograd's joint takes ([primals], [tangents]) through a pytree calling
+            # convention; passes see (and re-trace) a graph that takes its inputs flat.
+            joint.graph._codegen = torch.fx.graph.CodeGen()
+            joint.recompile()
+            return partition(joint, flat, len(joint_inputs[0]), num_fwd_outputs)
+        extra["partition_fn"] = partition_fn
+    if inference is not None and "inference_compiler" in inspect.signature(aot_module_simplified).parameters:
+        extra["inference_compiler"] = boxed(inference)
+    # Counted as torch's own AOTAutograd backends count: DDPOptimizer (DistributedDataParallel's
+    # graph split at bucket boundaries) reads this counter to learn that a bucket's graph went
+    # through AOTAutograd, so that it takes the fake first call AOTAutograd returns then and keeps
+    # each bucket's forward metadata for its backward; uncounted, that fake output reaches the user.
+    from torch._dynamo.utils import counters
+    counters["aot_autograd"]["total"] += 1
+    return aot_module_simplified(gm, example_inputs, fw_compiler=boxed(forward),
+                                 bw_compiler=boxed(backward), keep_inference_input_mutations=True,
+                                 **extra)
+
+
+def rename_placeholders(gm: torch.fx.GraphModule, names: list[str]) -> None:
+    """Give the graph's placeholders these names (and targets), in order: a re-traced joint graph
+    gets ``arg0_1``-style names, and torch's partitioners tell primals from tangents by name."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if [n.name for n in placeholders] == list(names):
+        return
+    for node, name in zip(placeholders, names):
+        node.target = name
+        node._rename(name)
+    gm.recompile()
+
+
+def torch_partition(joint: torch.fx.GraphModule, flat_inputs: list, *, num_primals: int,
+                    num_forward_outputs: int, strategy: str,
+                    memory_budget: float | None = None) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+    """Split a joint graph with one of torch's partitioners: ``default`` (save what the forward
+    computed and the backward reads) or ``min-cut`` (min_cut_rematerialization_partition, which
+    recomputes cheap ops to cut saved bytes; ``memory_budget`` is torch's
+    ``activation_memory_budget``, a fraction of the save-everything activation memory).
+
+    A joint graph our passes re-traced has lost AOTAutograd's forward/backward tags; they are
+    restored from the data flow (forward: what the forward outputs and input updates need)."""
+    from torch._functorch import config as functorch_config
+    from torch._functorch import partitioners
+    _tag_joint(joint, num_forward_outputs)
+    inputs = [flat_inputs[:num_primals], flat_inputs[num_primals:]]
+    if strategy == "default":
+        return partitioners.default_partition(joint, inputs, num_fwd_outputs=num_forward_outputs)
+    if strategy != "min-cut":
+        raise ValueError(f"unknown torch partitioner '{strategy}' (default, min-cut)")
+    patch = {} if memory_budget is None else {"activation_memory_budget": float(memory_budget)}
+    with functorch_config.patch(patch):
+        return partitioners.min_cut_rematerialization_partition(
+            joint, inputs, compiler="inductor", num_fwd_outputs=num_forward_outputs)
+
+
+def _tag_joint(joint: torch.fx.GraphModule, num_forward_outputs: int) -> None:
+    nodes = list(joint.graph.nodes)
+    if any("partitioner_tag" in n.meta for n in nodes if n.op != "output"):
+        return
+    output = nodes[-1]
+    roots = [a for a in output.args[0][:num_forward_outputs] if isinstance(a, torch.fx.Node)]
+    roots += [n for n in nodes if n.op == "call_function" and is_mutating(n.target)
+              and not any(_is_tangent_name(a) for a in n.all_input_nodes)]
+    forward: set = set()
+    stack = list(roots)
+    while stack:
+        node = stack.pop()
+        if node in forward:
+            continue
+        forward.add(node)
+        stack.extend(node.all_input_nodes)
+    for node in nodes:
+        if node.op == "placeholder":
+            node.meta["partitioner_tag"] = "is_backward" if _is_tangent_name(node) else "is_forward"
+        elif node.op != "output":
+            node.meta["partitioner_tag"] = "is_forward" if node in forward else "is_backward"
+
+
+def _is_tangent_name(node: torch.fx.Node) -> bool:
+    return node.op == "placeholder" and "tangents" in str(node.target)
+
+
+# -- torch.export ------------------------------------------------------------------------------
+def export_graph(fn: Callable, args: tuple, kwargs: dict, *, strict: bool) -> torch.fx.GraphModule:
+    """``torch.export`` a module (or function wrapped in one) and return its callable graph module,
+    which takes the same arguments as ``fn``."""
+    module = fn if isinstance(fn, torch.nn.Module) else _FunctionModule(fn)
+    program = torch.export.export(module, args, kwargs or None, strict=strict)
+    return program.module()
+
+
+class _FunctionModule(torch.nn.Module):
+    def __init__(self, fn: Callable):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+
+def current_compile_id() -> tuple[int, int] | None:
+    """(frame id, compile index of that frame) of the Dynamo compile in progress, or None.
+    A compile index above 0 means the frame is being recompiled."""
+    from torch._guards import CompileContext
+    cid = CompileContext.current_compile_id()
+    if cid is None:
+        return None
+    return (cid.frame_id, cid.frame_compile_id)
+
+
+def guard_failure_counts() -> dict[Any, int]:
+    """How many guard failures Dynamo has recorded per code object (process-wide)."""
+    from torch._dynamo.utils import guard_failures
+    return {code: len(reasons) for code, reasons in guard_failures.items()}
+
+
+def new_guard_failures(before: dict[Any, int]) -> list[str]:
+    """Guard-failure reasons recorded since the ``before`` snapshot."""
+    from torch._dynamo.utils import guard_failures
+    out = []
+    for code, reasons in guard_failures.items():
+        out.extend(str(r) for r in reasons[before.get(code, 0):])
+    return out
+
+
+def recompile_reason(reasons: list[str], frame_id: int) -> str | None:
+    """Of the guard failures a recompile of frame ``frame_id`` produced (one per compiled variant
+    it already had, each starting with that variant's ``frame/compile`` id), the failure of the
+    newest variant: the guard that this call's change broke. Older variants fail on older guards
+    (the first call's sizes, say), which are not why this call recompiled."""
+    best: tuple[int, str] | None = None
+    for reason in reasons:
+        head = reason.split(":", 1)[0].strip()
+        parts = head.split("/")
+        if len(parts) != 2 or not all(p.isdigit() for p in parts) or int(parts[0]) != frame_id:
+            continue
+        if best is None or int(parts[1]) > best[0]:
+            best = (int(parts[1]), reason)
+    return best[1] if best is not None else None
+
+
+@contextlib.contextmanager
+def real_tensors() -> Iterator[None]:
+    """Run real computations even while a compile's fake-tensor mode is active."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    with unset_fake_temporarily():
+        yield
+
+
+def fake_copies(values: list) -> list:
+    """Fake tensors (in a fresh fake mode) with the metadata of ``values``; other values as they are."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    return [mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for v in values]
+
+
+# -- the shape environment of symbolic sizes -----------------------------------------------------
+def _shape_env(values: list) -> Any:
+    mode = fake_mode_of(values)
+    return getattr(mode, "shape_env", None) if mode is not None else None
+
+
+def _free_symbols(values: list) -> set:
+    found: set = set()
+    for value in values:
+        sizes: list = []
+        if isinstance(value, torch.Tensor):
+            sizes = [*value.shape, *value.stride(), value.storage_offset()]
+        elif isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            sizes = [value]
+        for size in sizes:
+            if isinstance(size, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                found |= set(size.node.expr.free_symbols)
+    return found
+
+
+def shape_facts(values: list) -> dict | None:
+    """What the shape environment of ``values`` (fake tensors and size symbols) knows that a graph
+    traced from them can depend on: every guard so far, every replacement (one symbol found equal
+    to an expression of others) and the value range of each symbol the values use. None when the
+    values have no symbolic sizes."""
+    env = _shape_env(values)
+    symbols = _free_symbols(values)
+    if env is None or not symbols:
+        return None
+    ranges = getattr(env, "var_to_range", {})
+    return {
+        "guards": sorted({str(g.expr) for g in getattr(env, "guards", [])}),
+        "replacements": sorted(f"{k} = {v}" for k, v in getattr(env, "replacements", {}).items()),
+        "ranges": {str(s): [str(ranges[s].lower), str(ranges[s].upper)] if s in ranges else None
+                   for s in sorted(symbols, key=str)},
+    }
+
+
+def shape_guard_count(values: list) -> int:
+    """How many guards the shape environment of ``values`` holds (0 without one)."""
+    env = _shape_env(values)
+    return len(getattr(env, "guards", [])) if env is not None else 0
+
+
+def shape_guards_since(values: list, count: int) -> list[str]:
+    """The guards added to the shape environment of ``values`` after its first ``count`` (what
+    compiling a graph assumed about its symbolic sizes), as expressions that must hold."""
+    env = _shape_env(values)
+    if env is None:
+        return []
+    return [str(g.expr) for g in getattr(env, "guards", [])[count:]]
+
+
+def replay_shape_guards(values: list, guards: list[str]) -> str | None:
+    """Assume ``guards`` again in the shape environment of ``values`` (a graph rebuilt from the
+    cache skips the passes that made them, but Dynamo must still check them on later calls).
+    Returns None when every one holds for the sizes at hand, else the first that does not."""
+    if not guards:
+        return None
+    env = _shape_env(values)
+    if env is None:
+        return guards[0]
+    import sympy
+    names = {str(s): s for s in getattr(env, "var_to_range", {})}
+    for text in guards:
+        try:
+            expr = sympy.sympify(text, locals=names)
+            if not bool(env.evaluate_expr(expr)):
+                return text
+        except Exception:  # noqa: BLE001 - a guard that cannot be replayed means: compile again
+            return text
+    return None
+
+
+# -- what Dynamo knows about a captured graph (reports, explain) --------------------------------
+def capture_details(gm: torch.fx.GraphModule) -> dict | None:
+    """Why Dynamo ended this graph (reason text, whether it is a graph break, the user source
+    lines), the guards it is installing for it, and the source of each input. None when ``gm``
+    was not handed over by Dynamo (``torch.export``, tests)."""
+    reason = getattr(gm, "compile_subgraph_reason", None)
+    if reason is None:
+        return None
+    where = [{"file": frame.filename, "line": frame.lineno, "code": (frame.line or "").strip()}
+             for frame in getattr(reason, "user_stack", None) or []]
+    return {
+        "reason": str(getattr(reason, "reason", "")),
+        "graph_break": bool(getattr(reason, "graph_break", False)),
+        "where": where,
+        "guards": _current_guards(),
+        "inputs": _input_sources(gm),
+    }
+
+
+def _current_guards() -> list[dict]:
+    from torch._guards import TracingContext
+    context = TracingContext.try_get()
+    guards = getattr(getattr(context, "guards_context", None), "dynamo_guards", None)
+    if guards is None:
+        return []
+    out = []
+    for guard in guards:
+        try:
+            kind = guard.create_fn_name()
+        except Exception:  # noqa: BLE001 - a guard without a builder name is still listed
+            kind = "?"
+        out.append({"source": str(guard.name), "kind": str(kind)})
+    out.sort(key=lambda g: (g["source"], g["kind"]))
+    return out
+
+
+def _input_sources(gm: torch.fx.GraphModule) -> list[dict]:
+    out = []
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        arg = node.meta.get("grapharg")
+        source = getattr(arg, "source", None)
+        name = getattr(source, "name", None)
+        name = name() if callable(name) else name
+        value = node.meta.get("example_value")
+        entry: dict = {"source": str(name) if name is not None else node.name}
+        if isinstance(value, torch.Tensor):
+            entry["shape"] = [d if isinstance(d, int) else str(d) for d in value.shape]
+            entry["dtype"] = str(value.dtype).removeprefix("torch.")
+            entry["dynamic"] = any(not isinstance(d, int) for d in value.shape)
+        elif isinstance(value, torch.SymInt):
+            entry["symbol"] = str(value)
+        out.append(entry)
+    return out
+
+
+def fake_propagate(gm: torch.fx.GraphModule, example_inputs: list) -> list:
+    """Fill ``node.meta['val']`` of every node from fake copies of ``example_inputs`` (how a graph
+    loaded from a reproducer gets the metadata passes read); returns those fake inputs."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = [mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for v in example_inputs]
+    FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
+    return fakes
+
+
+def static_tensor_metadata(gm: torch.fx.GraphModule) -> list[dict] | None:
+    """Shape, stride, dtype and device of each placeholder's ``meta['val']``, or None when one is
+    not a tensor of static sizes (what :func:`propagate_metadata` can rebuild)."""
+    out = []
+    for node in gm.graph.find_nodes(op="placeholder"):
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            return None
+        sizes = [*val.shape, *val.stride()]
+        if not all(type(s) is int for s in sizes):
+            return None
+        out.append({"shape": list(val.shape), "stride": list(val.stride()), "dtype": str(val.dtype).split(".")[-1],
+                    "device": str(val.device)})
+    return out
+
+
+def propagate_metadata(gm: torch.fx.GraphModule, metadata: list[dict], like: list) -> None:
+    """Fill ``node.meta['val']`` of every node of ``gm`` (a graph rebuilt from the cache, which
+    keeps no metadata) from placeholders described by :func:`static_tensor_metadata`, in the
+    fake mode of the tensors ``like`` (AOTAutograd reads these values after its partitioner)."""
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+    mode = fake_mode_of(like)
+    if mode is None:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        mode = FakeTensorMode()
+    with mode:
+        fakes = [torch.empty_strided(m["shape"], m["stride"], dtype=getattr(torch, m["dtype"]),
+                                     device=torch.device(m["device"])) for m in metadata]
+    FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
+
+
+def size_hint(value: Any) -> Any:
+    """A concrete int for a (possibly symbolic) size: the value Dynamo saw for a symbol."""
+    if isinstance(value, torch.SymInt):
+        hint = getattr(value.node, "hint", None)
+        return int(hint) if hint is not None else None
+    return value
+
+
+def reinterpret_tensor() -> Callable | None:
+    """``f(base, sizes, strides, offset_increment)``: an alias of ``base``'s storage with that layout,
+    storage offset ``base.storage_offset() + offset_increment``, without the view bookkeeping of
+    ``as_strided`` (no ``_base``, no autograd view tracking; about half its cost per call). The
+    private C++ entry point Inductor's generated code also uses; None when this torch lacks it."""
+    guards = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
+    return getattr(guards, "_reinterpret_tensor", None)
+
+
+def cuda_launch_helpers() -> tuple[Callable, Callable]:
+    """(current CUDA device index, allocate an uninitialized CUDA tensor on the current device
+    from sizes, strides and dtype): the cheapest entry points this torch has for a generated
+    launcher's hot path (torch's private C++ fast paths when present, public calls otherwise)."""
+    get_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+    guards = getattr(torch._C, "_dynamo", None)
+    fast_empty = getattr(getattr(guards, "guards", None), "_empty_strided_cuda", None)
+    if fast_empty is None:
+        def fast_empty(size, stride, dtype):
+            return torch.empty_strided(size, stride, dtype=dtype, device="cuda")
+    return get_device, fast_empty
+
+
+def storage_use_count() -> Callable | None:
+    """``f(storage)``: how many references the C++ storage behind ``storage`` (an
+    ``UntypedStorage``) has: tensors, views and storage objects alike, whether or not Python
+    still sees them (a tensor autograd saved for a backward counts). None when this torch lacks
+    the private entry point (CUDA-graph trees use the same one)."""
+    counter = getattr(torch._C, "_storage_Use_Count", None)
+    if counter is None:
+        return None
+    return lambda storage: counter(storage._cdata)
