@@ -14,7 +14,6 @@ from pipeline.registry import get_registry
 from pipeline.serving import planned_variants, serve
 
 
-
 def compile_with_plan(model: Any, plan: Any = "default", *, report: bool | str | os.PathLike | None = None,
                       mode: str | None = None, **overrides: Any) -> Any:
     """Compile ``model`` (an ``nn.Module`` or a function) with ``plan``.
