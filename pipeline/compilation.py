@@ -26,7 +26,8 @@ from pipeline.ir import saved_for_backward
 from pipeline.logs import get_logger
 from pipeline.manager import BoundPass, PassManager
 from pipeline.metrics import Outcome, check_limits, defaults, measure_all
-from pipeline.plan.schema import Plan, role_pipeline
+from pipeline.plan.order import role_pipeline
+from pipeline.plan.schema import Plan
 from pipeline.progress import Progress
 from pipeline.record import GraphRecord
 from pipeline.reproducer import Failure, write_reproducer

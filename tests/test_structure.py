@@ -53,6 +53,8 @@ def _imports(modules: dict[str, Path]) -> tuple[dict, dict]:
                         base = ".".join(parts + ([child.module] if child.module else []))
                     found = [target(f"{base}.{a.name}") if f"{base}.{a.name}" in modules else target(base)
                              for a in child.names]
+                elif isinstance(child, ast.If) and getattr(child.test, "id", None) == "TYPE_CHECKING":
+                    continue       # names for annotations only: never imported at run time
                 else:
                     visit(child, at_top and not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)))
                     continue

@@ -241,7 +241,7 @@ def test_eager_norm_statistics_states_are_one_column_per_thread_in_the_sm90_kern
     from passes.codegen.triton import source as triton_source
     from passes.codegen.triton.autotune import candidate_blocks
     from passes.codegen.triton.runtime import compile_all_for_sm90
-    from passes.codegen.triton.source import TritonNest
+    from passes.codegen.triton.nest import TritonNest
     from passes.kernel_ir.loops import analyze
     compile_with_plan(layer_norm, EXACT_STATISTICS)(torch.randn(64, n), torch.randn(n), torch.randn(n))
     (kernel,), _ = kernels_of(LAST["graph"])
@@ -336,7 +336,7 @@ def test_every_autotune_candidate_matches_eager(name):
     from passes.codegen.triton.runtime import TritonKernel, load_module, write_source
     from passes.codegen.triton.autotune import candidate_blocks
     from passes.codegen.triton.source import kernel_source
-    from passes.codegen.triton.source import TritonNest
+    from passes.codegen.triton.nest import TritonNest
     from passes.kernel_ir.loops import analyze
     fn, make = CASES[name]
     args = make()
@@ -364,7 +364,7 @@ def test_many_row_reductions_also_try_register_capped_launches_that_compile_for_
     from passes.codegen.triton.autotune import candidate_blocks
     from passes.codegen.triton.runtime import compile_all_for_sm90
     from passes.codegen.triton.source import kernel_source
-    from passes.codegen.triton.source import TritonNest
+    from passes.codegen.triton.nest import TritonNest
     from passes.kernel_ir.loops import analyze
     run_plan(layer_norm, torch.randn(1024, 64), torch.randn(64), torch.randn(64))
     (kernel,), _ = kernels_of(LAST["graph"])
@@ -504,7 +504,7 @@ def test_every_generated_kernel_with_exact_statistics_has_one_column_per_thread_
     threads) and compiled for the H200; in each, the Welford states are one column per thread."""
     from passes.codegen.triton import source as triton_source
     from passes.codegen.triton.runtime import compile_all_for_sm90
-    from passes.codegen.triton.source import TritonNest
+    from passes.codegen.triton.nest import TritonNest
     from passes.kernel_ir.loops import analyze
     exact = [k for _, k in sorted(GENERATED.items()) if "pp_welford_halve(" in k.source]
     if not exact:

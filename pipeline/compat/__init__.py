@@ -16,6 +16,8 @@ from pipeline.compat.dynamo import (  # noqa: F401  (re-exported: callers import
     current_stance, dynamo_compile, graph_break_counts, is_refused_recompile, logger_functions, logging_can_be_ignored,
     max_variants_per_function, recompile_error_types, recompile_limit_hit_count, recompile_limit_hits,
     reset_dynamo, stance, unsupported_error_types)
+from pipeline.compat.shapes import (  # noqa: F401  (re-exported)
+    replay_shape_guards, shape_facts, shape_guard_count, shape_guards_since)
 
 TORCH_VERSION = torch.__version__
 
@@ -397,80 +399,6 @@ def fake_copies(values: list) -> list:
     from torch._subclasses.fake_tensor import FakeTensorMode
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     return [mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for v in values]
-
-
-# -- the shape environment of symbolic sizes -----------------------------------------------------
-def _shape_env(values: list) -> Any:
-    mode = fake_mode_of(values)
-    return getattr(mode, "shape_env", None) if mode is not None else None
-
-
-def _free_symbols(values: list) -> set:
-    found: set = set()
-    for value in values:
-        sizes: list = []
-        if isinstance(value, torch.Tensor):
-            sizes = [*value.shape, *value.stride(), value.storage_offset()]
-        elif isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-            sizes = [value]
-        for size in sizes:
-            if isinstance(size, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-                found |= set(size.node.expr.free_symbols)
-    return found
-
-
-def shape_facts(values: list) -> dict | None:
-    """What the shape environment of ``values`` (fake tensors and size symbols) knows that a graph
-    traced from them can depend on: every guard so far, every replacement (one symbol found equal
-    to an expression of others) and the value range of each symbol the values use. None when the
-    values have no symbolic sizes."""
-    env = _shape_env(values)
-    symbols = _free_symbols(values)
-    if env is None or not symbols:
-        return None
-    ranges = getattr(env, "var_to_range", {})
-    return {
-        "guards": sorted({str(g.expr) for g in getattr(env, "guards", [])}),
-        "replacements": sorted(f"{k} = {v}" for k, v in getattr(env, "replacements", {}).items()),
-        "ranges": {str(s): [str(ranges[s].lower), str(ranges[s].upper)] if s in ranges else None
-                   for s in sorted(symbols, key=str)},
-    }
-
-
-def shape_guard_count(values: list) -> int:
-    """How many guards the shape environment of ``values`` holds (0 without one)."""
-    env = _shape_env(values)
-    return len(getattr(env, "guards", [])) if env is not None else 0
-
-
-def shape_guards_since(values: list, count: int) -> list[str]:
-    """The guards added to the shape environment of ``values`` after its first ``count`` (what
-    compiling a graph assumed about its symbolic sizes), as expressions that must hold."""
-    env = _shape_env(values)
-    if env is None:
-        return []
-    return [str(g.expr) for g in getattr(env, "guards", [])[count:]]
-
-
-def replay_shape_guards(values: list, guards: list[str]) -> str | None:
-    """Assume ``guards`` again in the shape environment of ``values`` (a graph rebuilt from the
-    cache skips the passes that made them, but Dynamo must still check them on later calls).
-    Returns None when every one holds for the sizes at hand, else the first that does not."""
-    if not guards:
-        return None
-    env = _shape_env(values)
-    if env is None:
-        return guards[0]
-    import sympy
-    names = {str(s): s for s in getattr(env, "var_to_range", {})}
-    for text in guards:
-        try:
-            expr = sympy.sympify(text, locals=names)
-            if not bool(env.evaluate_expr(expr)):
-                return text
-        except Exception:  # noqa: BLE001 - a guard that cannot be replayed means: compile again
-            return text
-    return None
 
 
 # -- what Dynamo knows about a captured graph (reports, explain) --------------------------------

@@ -1,6 +1,7 @@
 """Plans: the schema of a plan and its loading (:mod:`.schema`: ``Plan``, ``load_plan``, the
 ``cache``/``expect`` sections), YAML reading with file:line positions (:mod:`.yamlio`), the
-``shapes:`` section (:mod:`.shapes`) and plans as text (:mod:`.text`: resolve, diff).
+``shapes:`` section (:mod:`.shapes`), the order and role checks (:mod:`.order`), a layer's
+``remove:``/``options:`` edits (:mod:`.layers`) and plans as text (:mod:`.text`: resolve, diff).
 
 The names below are read from :mod:`.schema` on first use, so the engine's option declarations
 (:mod:`pipeline.options`, which read YAML positions from :mod:`.yamlio`) import this package

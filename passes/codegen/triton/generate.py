@@ -16,7 +16,8 @@ from .autotune import candidate_blocks
 from .pitch import pitch_nest
 from .precompile import precompile
 from .runtime import TritonKernel, interpreter_problem, interpreting, kernel_dir, load_module, triton_missing, write_source
-from .source import TritonNest, TritonSource, kernel_source
+from .nest import TritonNest
+from .source import TritonSource, kernel_source
 from .split import build_split_kernel, split_plan
 
 

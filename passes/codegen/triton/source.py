@@ -30,6 +30,7 @@ from passes.kernel_ir import rules
 from passes.kernel_ir.groups import CONSTANTS, REDUCTIONS, constant_value, end_padding, meta_of, packet_name
 from passes.kernel_ir.loops import LoopNest, closure
 
+from .nest import TritonNest
 from .welford import WARPS, emit_statistics, find_variances
 from .ops import (BIG, FLOAT_CT, SIGNATURE_TYPES, TritonEmitter, accumulator_init, accumulator_update, cast,
                   compute_type, helper_source, literal, load_cast, reduce_tile, store_cast, work_type)
@@ -50,21 +51,6 @@ import triton
 import triton.language as tl
 '''
 
-
-
-@attrs.define(eq=False)
-class TritonNest(LoopNest):
-    """A loop nest with what the Triton backend decided for it on top of the shared kernel IR."""
-
-    pitch: object = None             # pitch.Pitch: rows run over their padded extent
-    aten_statistics: bool = False    # row variances in ATen's order (welford.py)
-
-    @classmethod
-    def of(cls, nest: LoopNest) -> "TritonNest":
-        """``nest`` itself when it is one already, else a copy with no Triton decisions."""
-        if isinstance(nest, cls):
-            return nest
-        return cls(**{f.name: getattr(nest, f.name) for f in attrs.fields(LoopNest)})
 
 def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
