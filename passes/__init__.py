@@ -11,7 +11,7 @@ import torch.fx
 from pipeline import compat, hookimpl
 
 from .capture import Capture
-from .codegen import Codegen
+from .codegen import SIZES_METRIC, Codegen
 from .constant_fold import ConstantFold
 from .kernel_ir.metrics import METRICS as KERNEL_METRICS
 from .matmul_template import MatmulTemplate
@@ -39,7 +39,7 @@ def pipeline_register_passes() -> list[type]:
 
 @hookimpl
 def pipeline_register_metrics() -> list:
-    return [*KERNEL_METRICS, CUDAGRAPHS_METRIC]
+    return [*KERNEL_METRICS, CUDAGRAPHS_METRIC, SIZES_METRIC]
 
 
 @hookimpl

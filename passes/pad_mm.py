@@ -76,7 +76,9 @@ class PadMatmul(Pass):
                         if bias_meta.dim() == 1 or bias_meta.shape[-1] == n:
                             bias = graph.graph.call_function(aten.constant_pad_nd.default, (bias, [0, pad_n]))
                         else:
-                            bias = graph.graph.call_function(aten.expand.default, (bias, [*out.shape[:-1], n + pad_n]))
+                            # -1 keeps the bias's leading sizes (it broadcasts over the rows)
+                            bias = graph.graph.call_function(aten.expand.default,
+                                                             (bias, [-1] * (out.dim() - 1) + [n + pad_n]))
                     product = graph.graph.call_function(aten.addmm.default, (bias, a, b), dict(node.kwargs))
                 else:
                     product = graph.graph.call_function(node.target, (a, b))

@@ -33,6 +33,7 @@ from passes.kernel_ir import rules
 from .cpp.build import build, digest_path
 from .cpp.source import kernel_source, module_source
 from .host import fold_views, lower_linear, reuse_buffers, to_host_module
+from .specialize import METRIC as SIZES_METRIC, SizeRuntime, specialize_graph
 
 
 @attrs.frozen
@@ -81,6 +82,11 @@ class CodegenOptions:
         8, "triton: threads compiling a graph's distinct CUDA kernels in parallel when it is generated, "
            "before their first launch (0: each kernel compiles at its first launch, one after another).",
         check=non_negative)
+    size_specializations: int = option(
+        64, "Groups with symbolic sizes (a graph Dynamo captured with dynamic sizes): the most distinct sizes "
+            "per graph for which their kernels are generated, each the first time it is seen (the compile-time "
+            "sizes when the graph is compiled); later sizes run those groups eagerly. 0: they always run eagerly "
+            "(see passes/codegen/specialize.py).", check=non_negative)
 
 
 class CppKernel(CompiledKernel):
@@ -180,19 +186,30 @@ class Codegen(Pass):
     provides = frozenset({"codegen"})
 
     def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
+        build = self.backend(context.target)
+        specialize_graph(graph, SizeRuntime(build, context.target, context.cache, self.options.size_specializations,
+                                            context), context)
+        graph = build(graph, context)
+        return self.host(graph, context)
+
+    def backend(self, target: str):
+        """``build(graph, context)``: the backend generating kernels for the FusedGroup nodes of a
+        graph compiled for ``target``, with this pass's options."""
         backend = self.options.backend
         if backend == "auto":
-            backend = "triton" if context.target == "cuda" else "cpp"
-        if backend == "triton":
+            backend = "triton" if target == "cuda" else "cpp"
+        if backend != "triton":
+            return self.generate_cpp
+        options = self.options
+
+        def triton(graph: torch.fx.GraphModule, context) -> torch.fx.GraphModule:
             from .triton.generate import generate   # imports triton lazily
-            graph = generate(graph, context, emulate_precision=self.options.emulate_precision_casts,
-                             autotune=self.options.autotune, compile_workers=self.options.compile_workers,
-                             pitch_rows=self.options.pitch_rows, split_reductions=self.options.split_reductions,
-                             eager_norm_statistics=self.options.eager_norm_statistics,
-                             eager_norm_max_row=self.options.eager_norm_max_row)
-        else:
-            graph = self.generate_cpp(graph, context)
-        return self.host(graph, context)
+            return generate(graph, context, emulate_precision=options.emulate_precision_casts,
+                            autotune=options.autotune, compile_workers=options.compile_workers,
+                            pitch_rows=options.pitch_rows, split_reductions=options.split_reductions,
+                            eager_norm_statistics=options.eager_norm_statistics,
+                            eager_norm_max_row=options.eager_norm_max_row)
+        return triton
 
     def host(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
         """The host-side rewrites and generated host source (see host.py)."""

@@ -318,15 +318,16 @@ def _donors(node: torch.fx.Node, last_use: dict, order: dict, roots: dict, alias
     donors, taken = [], set()
     for value in values:
         pick = -1
-        if isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(kernel.group.domain):
+        if isinstance(value, torch.Tensor) and compat.same_sizes(value.shape, kernel.group.domain):
             for i, arg in enumerate(args):
                 if i in taken or not isinstance(arg, torch.fx.Node) or last_use.get(arg) is not node:
                     continue
                 if args.count(arg) > 1 or arg in aliased_here or alias_end.get(arg, -1) >= order[node]:
                     continue
                 held = meta_of(arg)
-                if (isinstance(held, torch.Tensor) and held.shape == value.shape and held.stride() == value.stride()
-                        and held.dtype == value.dtype and held.device == value.device and _owns_storage(arg)):
+                if (isinstance(held, torch.Tensor) and compat.same_sizes(held.shape, value.shape)
+                        and compat.same_sizes(held.stride(), value.stride()) and held.dtype == value.dtype
+                        and held.device == value.device and _owns_storage(arg)):
                     pick = i
                     taken.add(i)
                     break

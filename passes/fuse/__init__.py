@@ -90,7 +90,11 @@ class Fuse(Pass):
         copies = split_shared_sources(graph, lambda user: classify(user)[0] not in (None, "reshape"))
         if copies:
             context.note(f"{copies} fill(s)/ramp(s) copied into each kernel that reads them", topic="fusion")
-        groups = self.form_groups(graph, context)
+        # Grouping compares symbolic sizes at the values Dynamo saw without guarding on them: a
+        # group's subgraph computes what its nodes did at any size, and its kernels are generated
+        # per concrete size, where a group whose shapes do not line up runs eagerly.
+        with compat.guards_suppressed(context.example_inputs):
+            groups = self.form_groups(graph, context)
         kept = [g for g in groups if any(classify(n)[0] != "reshape" for n in g.nodes) and not sources_only(g)]
         if not kept:
             context.note("no fusable nodes", topic="fusion")

@@ -71,8 +71,6 @@ def classify(node: torch.fx.Node) -> tuple[str | None, str]:
                 return None, f"{name} mixes devices"
             if meta_of(arg).dtype not in _SUPPORTED_DTYPES:
                 return None, f"{name} reads {meta_of(arg).dtype}"
-    if any(not isinstance(s, int) for s in value.shape):
-        return None, f"{name} has dynamic shape {tuple(value.shape)} (static shapes only for now)"
     if rules.pointwise(name):
         why = rules.problem(node)
         return (None, why) if why is not None else ("pointwise", "")

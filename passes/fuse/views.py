@@ -17,7 +17,8 @@ its same-shaped operands):
   result leaves (a graph output or an extern call): ``f`` joins ``y``'s kernel as an epilogue.
 
 Only views that are valid on every moved operand's layout are moved (checked on the operands'
-example values), and only elementwise nodes with operands of one shape (or 0-d) are crossed.
+example values), only to static shapes (a new view's shape is written into the graph), and only
+elementwise nodes with operands of one shape (or 0-d) are crossed.
 All hoists run first, then all sinks, so the two never undo each other.
 
 A third rewrite moves pads (:func:`hoist_pads`): ``pad(view(y))`` becomes ``view(pad(y))`` when
@@ -132,6 +133,8 @@ def _hoist(graph: torch.fx.Graph, view: torch.fx.Node) -> int:
     if not _feeds_kernel(view) or not _only_kernels_use(view):
         return 0        # a view an extern call reads is written anyway: its source kernel writes it
     shape = list(meta_of(view).shape)
+    if not _static(shape):
+        return 0
     tensors = [a for a in source.all_input_nodes if meta_of(a).dim()]
     seen: dict = {}
     if not tensors or not all(_hoistable_operand(a, source, shape, seen) for a in tensors):
@@ -159,6 +162,8 @@ def _sink(graph: torch.fx.Graph, node: torch.fx.Node) -> int:
     if not tensors or not all(a.op == "call_function" and a.target in VIEWS for a in tensors):
         return 0
     sources = [a.args[0] for a in tensors]
+    if not _static(meta_of(node).shape) or not all(_static(meta_of(s).shape) for s in sources):
+        return 0
     shapes = {tuple(meta_of(s).shape) for s in sources}
     if len(shapes) != 1 or not any(_in_kernel(s) for s in sources):
         return 0
@@ -173,6 +178,10 @@ def _sink(graph: torch.fx.Graph, node: torch.fx.Node) -> int:
     node.replace_all_uses_with(back)
     graph.erase_node(node)
     return 1
+
+
+def _static(shape: list) -> bool:
+    return all(isinstance(s, int) for s in shape)
 
 
 def _remap(node: torch.fx.Node, mapping: dict) -> tuple[tuple, dict]:

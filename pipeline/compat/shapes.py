@@ -79,3 +79,26 @@ def replay_shape_guards(values: list, guards: list[str]) -> str | None:
         except Exception:  # noqa: BLE001 - a guard that cannot be replayed means: compile again
             return text
     return None
+
+
+def guards_suppressed(values: list) -> Any:
+    """A context in which comparing the symbolic sizes of ``values`` answers from the sizes Dynamo
+    saw and adds no guard (for heuristic decisions a pass checks again on concrete sizes: fuse's
+    grouping, whose kernels are generated per concrete size). Nothing without a shape environment."""
+    import contextlib
+    env = _shape_env(values)
+    return env.suppress_guards() if env is not None else contextlib.nullcontext()
+
+
+def known_equal(a: Any, b: Any) -> bool:
+    """True when sizes ``a`` and ``b`` (ints or SymInts) are equal for every value of their
+    symbols, adding no guard (False when it depends on the symbols)."""
+    if type(a) is int and type(b) is int:
+        return a == b
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+    return bool(statically_known_true(a == b))
+
+
+def same_sizes(a: Any, b: Any) -> bool:
+    """:func:`known_equal` for each pair of two size sequences of one length."""
+    return len(a) == len(b) and all(known_equal(x, y) for x, y in zip(a, b))

@@ -1,0 +1,291 @@
+"""Kernels for fused groups with symbolic sizes: one generated kernel per concrete size seen.
+
+A graph Dynamo captured with symbolic sizes (``s0`` for the batch) keeps them through ``fuse``;
+its groups iterate symbolic domains. ``codegen`` puts a :class:`SizeSpecializedKernel` in place
+of each such group. Called with real tensors, it reads the symbols' values from its inputs' sizes
+(every symbol must be some input's size, exactly), and runs the kernel made for those values: on
+the first call with new values, a :class:`Specializer` shared by the graph's groups binds the
+symbols, rebuilds each group whose symbols are all bound with concrete shapes and generates their
+kernels together, with the backend and options the graph was compiled with (one C++ library, or
+the Triton kernels compiled in parallel). The compile-time sizes (the values Dynamo saw) are made
+when the graph is compiled, so its record counts their kernels.
+
+The graph stays one graph for every size (no recompile); each size class (here: each distinct
+set of values) costs one kernel build the first time, then a dictionary lookup per call. Sizes
+past the plan's ``size_specializations`` run the groups eagerly. Not done: kernels taking sizes
+as run-time arguments (one build for all sizes), and storing such graphs in the compile cache.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import attrs
+import sympy
+import torch
+import torch.fx
+
+from passes.kernel_ir.groups import CompiledKernel, FusedGroup, meta_of
+from passes.kernel_ir.loops import UnsupportedGroup
+from pipeline import Metric, compat
+from pipeline.cache.graph_io import UnsupportedGraph
+
+
+def _values(group: FusedGroup) -> list:
+    """The example values of a group's placeholders, then of its outputs."""
+    nodes = group.subgraph.graph.nodes
+    output = next(n for n in nodes if n.op == "output")
+    return [meta_of(n) for n in nodes if n.op == "placeholder"] + [meta_of(n) for n in output.args[0]]
+
+
+def _sizes(value: Any) -> list:
+    return [*value.shape, *value.stride()] if isinstance(value, torch.Tensor) else [value]
+
+
+def is_symbolic(group: FusedGroup) -> bool:
+    """True when the group's domain or a size or stride of its inputs or outputs is symbolic."""
+    return any(isinstance(s, torch.SymInt) for v in [*_values(group), *group.domain] for s in _sizes(v))
+
+
+def free_symbols(group: FusedGroup) -> frozenset:
+    """The sympy symbols of the group's sizes and strides."""
+    out: set = set()
+    for value in [*_values(group), *group.domain]:
+        for size in _sizes(value):
+            if isinstance(size, torch.SymInt):
+                out |= size.node.expr.free_symbols
+    return frozenset(out)
+
+
+def binders(group: FusedGroup) -> tuple[tuple[sympy.Symbol, int, int], ...] | None:
+    """``(symbol, input index, dim)`` for each free symbol: an input dimension whose size is
+    exactly that symbol, from which a call reads its value; None when some symbol is no input's
+    size (a group whose inputs are all ``2 * s0`` long, say)."""
+    found: dict = {}
+    placeholders = [n for n in group.subgraph.graph.nodes if n.op == "placeholder"]
+    for index, node in enumerate(placeholders):
+        value = meta_of(node)
+        if not isinstance(value, torch.Tensor):
+            continue
+        for dim, size in enumerate(value.shape):
+            if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
+                found.setdefault(size.node.expr, (index, dim))
+    if not free_symbols(group) <= set(found):
+        return None
+    return tuple(sorted(((s, i, d) for s, (i, d) in found.items()), key=lambda b: str(b[0])))
+
+
+def _concrete(size: Any, binding: dict) -> int:
+    if not isinstance(size, torch.SymInt):
+        return int(size)
+    expr = sympy.sympify(size.node.expr.xreplace({s: sympy.Integer(v) for s, v in binding.items()}))
+    if not expr.is_number:
+        raise UnsupportedGroup(f"size {size} is not determined by the bound sizes")
+    return int(expr)
+
+
+def concrete_group(group: FusedGroup, binding: dict) -> FusedGroup:
+    """A copy of ``group`` for concrete sizes: ``binding`` maps each free symbol to its value; the
+    subgraph's example values are propagated again from inputs of the bound shapes and strides."""
+    placeholders = [n for n in group.subgraph.graph.nodes if n.op == "placeholder"]
+    metadata = []
+    for node in placeholders:
+        value = meta_of(node)
+        if not isinstance(value, torch.Tensor):
+            raise UnsupportedGroup(f"input {node.name} is not a tensor")
+        metadata.append({"shape": [_concrete(s, binding) for s in value.shape],
+                         "stride": [_concrete(s, binding) for s in value.stride()],
+                         "dtype": str(value.dtype).removeprefix("torch."), "device": str(value.device)})
+    graph = torch.fx.Graph()
+    env: dict = {}
+    for node in group.subgraph.graph.nodes:
+        env[node] = graph.node_copy(node, env.__getitem__)
+    module = torch.fx.GraphModule(group.subgraph, graph)
+    compat.propagate_metadata(module, metadata, like=[])
+    return FusedGroup(group.name, module, tuple(_concrete(s, binding) for s in group.domain), group.reduced,
+                      list(group.reasons))
+
+
+@attrs.define(eq=False)
+class SizeRuntime:
+    """What a specialization at run time needs of the compile that made the graph: the backend's
+    ``build(graph, context)`` (the graph holds FusedGroup nodes; it replaces those it can generate
+    by kernels) and the settings of a :class:`~pipeline.PassContext` it writes notes into."""
+
+    build: Callable[[torch.fx.GraphModule, Any], torch.fx.GraphModule]
+    target: str
+    cache: Any
+    limit: int
+    context: Any = None     # the compile's PassContext: set_metric("size_specializations", ...)
+
+
+@attrs.define(eq=False)
+class _Notes:
+    """A PassContext stand-in for builds at run time (notes kept for the record's metric)."""
+
+    graph_id: str
+    target: str
+    cache: Any
+    notes: list = attrs.field(factory=list)
+
+    def note(self, message: str, *, topic: str = "passes") -> None:
+        self.notes.append({"pass": "codegen", "topic": topic, "message": message})
+
+
+class Specializer:
+    """The symbolic groups of one graph and the kernels made for each set of their sizes."""
+
+    def __init__(self, groups: list[FusedGroup], runtime: SizeRuntime, graph_id: str):
+        self.groups = groups
+        self.runtime = runtime
+        self.graph_id = graph_id
+        self.symbols = {g.name: free_symbols(g) for g in groups}
+        self.kernels: dict[tuple, Any] = {}      # (group name, values of its symbols) -> kernel or group
+        self.sizes: list[dict] = []              # each binding built, in order
+        self.notes: list[str] = []               # what the builds said (groups left eager, libraries)
+
+    def key(self, group: FusedGroup, binding: dict) -> tuple:
+        return (group.name, tuple(binding[s] for s in sorted(self.symbols[group.name], key=str)))
+
+    def kernel(self, group: FusedGroup, binding: dict) -> Any:
+        """The kernel of ``group`` at ``binding`` (building it, and every other group whose sizes
+        the binding determines, when it is new); the group itself once the limit is reached."""
+        key = self.key(group, binding)
+        found = self.kernels.get(key)
+        if found is not None:
+            return found
+        # Dynamo's compile lock: fake-tensor propagation and code generation are not thread-safe
+        # against a compile running in another thread (it also serializes this graph's builds).
+        with compat.compile_lock():
+            if key not in self.kernels:
+                self._build(binding)
+            return self.kernels[key]
+
+    def _build(self, binding: dict) -> None:
+        pending = [g for g in self.groups if self.symbols[g.name] <= set(binding)
+                   and self.key(g, binding) not in self.kernels]
+        if len(self.sizes) >= self.runtime.limit:
+            for group in pending:
+                self.kernels[self.key(group, binding)] = group
+            return
+        graph = torch.fx.Graph()
+        nodes = []
+        for group in pending:
+            try:
+                concrete = concrete_group(group, binding)
+            except (UnsupportedGroup, RuntimeError) as exc:
+                self.kernels[self.key(group, binding)] = group
+                self.notes.append(f"{group.name}: runs eagerly at {_spelled(binding)}: {exc}")
+                continue
+            inputs = [graph.placeholder(f"{group.name}_in{k}") for k, _ in
+                      enumerate(n for n in concrete.subgraph.graph.nodes if n.op == "placeholder")]
+            nodes.append((group, graph.call_function(concrete, tuple(inputs))))
+        graph.output(tuple(n for _, n in nodes))
+        module = torch.fx.GraphModule(torch.nn.Module(), graph)
+        notes = _Notes(self.graph_id, self.runtime.target, self.runtime.cache)
+        self.runtime.build(module, notes)
+        for group, node in nodes:
+            made = node.target if isinstance(node.target, CompiledKernel) else group
+            self.kernels[self.key(group, binding)] = made
+        self.sizes.append({str(s): v for s, v in binding.items()})
+        self.notes.extend(n["message"] for n in notes.notes)
+        if self.runtime.context is not None:
+            self.runtime.context.set_metric("size_specializations", self.summary())
+
+    def summary(self) -> dict:
+        """The sizes built so far and how many of the groups have kernels at each."""
+        return {"groups": len(self.groups), "sizes": list(self.sizes), "limit": self.runtime.limit,
+                "kernels": sum(isinstance(k, CompiledKernel) for k in self.kernels.values())}
+
+
+def _spelled(binding: dict) -> str:
+    return ", ".join(f"{s}={v}" for s, v in sorted(binding.items(), key=lambda b: str(b[0])))
+
+
+class SizeSpecializedKernel(CompiledKernel):
+    """Stands for a symbolic group's kernels: reads the symbols' values from the inputs' sizes and
+    calls the kernel made for them (see :class:`Specializer`)."""
+
+    def __init__(self, group: FusedGroup, specializer: Specializer, bind: tuple, example: Any):
+        super().__init__(group, getattr(example, "source", ""))
+        self.backend = getattr(example, "backend", "?")
+        self.specializer = specializer
+        self.bind = bind
+        self.last: tuple = (None, None)    # (values of the symbols, their kernel) of the last call
+        # The generated host code passes donors= where the compile-time kernel takes them.
+        self.in_place_capable = getattr(example, "in_place_capable", False)
+
+    def __call__(self, *inputs: torch.Tensor, donors: tuple = ()) -> tuple:
+        values = tuple(inputs[i].shape[d] for _, i, d in self.bind)
+        last_values, kernel = self.last
+        if values != last_values:
+            binding = {symbol: value for (symbol, _, _), value in zip(self.bind, values)}
+            kernel = self.specializer.kernel(self.group, binding)
+            self.last = (values, kernel)
+        if donors and isinstance(kernel, CompiledKernel) and kernel.writes_inputs_safely():
+            return kernel(*inputs, donors=donors)
+        return kernel(*inputs)
+
+    @property
+    def __name__(self) -> str:
+        return f"{self.backend}_{self.group.name}_sized"
+
+    def to_data(self, codec: Any) -> dict:
+        """Refuses: graphs with symbolic sizes are not stored in the compile cache yet."""
+        raise UnsupportedGraph(f"kernel {self.group.name} is specialized per size at run time (symbolic sizes)")
+
+    @classmethod
+    def from_data(cls, data: dict, codec: Any) -> "SizeSpecializedKernel":
+        """Never reached: :meth:`to_data` refuses."""
+        raise UnsupportedGraph("kernels specialized per size are not stored in the compile cache")
+
+
+def specialize_graph(graph: torch.fx.GraphModule, runtime: SizeRuntime, context: Any) -> int:
+    """Put a :class:`SizeSpecializedKernel` in place of each symbolic FusedGroup node of ``graph``
+    whose symbols its inputs' sizes determine, making the kernels for the compile-time sizes now.
+    Returns how many groups it took; the others keep running eagerly, with the reason noted."""
+    taken = []
+    for node in graph.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, FusedGroup) or not is_symbolic(node.target):
+            continue
+        bind = binders(node.target)
+        if bind is None:
+            context.note(f"{node.target.name}: runs eagerly: its symbolic sizes are not all sizes of its inputs")
+            continue
+        if runtime.limit <= 0:
+            context.note(f"{node.target.name}: runs eagerly: symbolic sizes (size_specializations is 0)")
+            continue
+        taken.append((node, bind))
+    if not taken:
+        return 0
+    specializer = Specializer([n.target for n, _ in taken], runtime, context.graph_id)
+    hints = {}
+    for node, bind in taken:
+        for symbol, index, dim in bind:
+            placeholder = [n for n in node.target.subgraph.graph.nodes if n.op == "placeholder"][index]
+            hint = compat.size_hint(meta_of(placeholder).shape[dim])
+            if hint is not None:
+                hints[symbol] = hint
+    for node, bind in taken:
+        group = node.target
+        example = None
+        if all(symbol in hints for symbol, _, _ in bind):
+            example = specializer.kernel(group, {s: hints[s] for s, _, _ in bind})
+        node.target = SizeSpecializedKernel(group, specializer, bind, example)
+    for message in specializer.notes:
+        context.note(message)
+    context.note(f"{len(taken)} group(s) with symbolic sizes get kernels per size seen (at most "
+                 f"{runtime.limit} sizes); made for {_spelled(hints)}")
+    graph.recompile()
+    return len(taken)
+
+
+def _measure(gm: torch.fx.GraphModule, context: Any) -> dict | None:
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, SizeSpecializedKernel):
+            return node.target.specializer.summary()
+    return None
+
+
+METRIC = Metric(name="size_specializations",
+                doc="Groups with symbolic sizes, the sizes their kernels were made for so far, and those kernels.",
+                measure=_measure, default=None)

@@ -1,0 +1,140 @@
+"""Generated kernels for graphs with symbolic sizes (passes/codegen/specialize.py), C++ backend.
+
+A model called at changing sizes compiles at most twice (Dynamo's dynamic=None: the first size
+change recompiles with the size symbolic); the dynamic graph's fused groups run generated
+kernels, one per size seen, and every call matches eager."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from pipeline import compilation_of, compile_with_plan
+from pipeline.numerics import compare
+from pipeline.testing import graphs
+from pipeline.testing.strategies import TensorSpec
+
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int = 32):
+        super().__init__()
+        self.up, self.down, self.norm = nn.Linear(hidden, 2 * hidden), nn.Linear(2 * hidden, hidden), nn.LayerNorm(hidden)
+
+    def forward(self, x):
+        return torch.softmax(self.norm(x + self.down(nn.functional.gelu(self.up(x)))), -1)
+
+
+class Block(nn.Module):
+    """Pre-norm attention and MLP; ``mask`` (batch, seq) marks padded keys."""
+
+    def __init__(self, hidden: int = 32, heads: int = 4):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+        self.qkv, self.proj = nn.Linear(hidden, 3 * hidden), nn.Linear(hidden, hidden)
+        self.mlp = MLP(hidden)
+
+    def forward(self, x, mask=None):
+        b, s, h = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
+        bias = None
+        if mask is not None:
+            bias = torch.zeros(b, 1, 1, s, dtype=x.dtype).masked_fill(mask[:, None, None, :], float("-inf"))
+        attn = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        x = x + self.proj(attn.transpose(1, 2).reshape(b, s, h))
+        return x + self.mlp(self.norm2(x))
+
+
+def padding_mask(batch: int, seq: int, generator: torch.Generator) -> torch.Tensor:
+    lengths = torch.randint(seq // 2, seq + 1, (batch,), generator=generator)
+    return torch.arange(seq)[None, :] >= lengths[:, None]
+
+
+def dynamic_graph(compiled):
+    """The one graph compiled with symbolic sizes (its record's size_specializations is set)."""
+    records = [r for r in compilation_of(compiled).graphs if r.metrics.get("size_specializations")]
+    assert len(records) == 1, [r.graph_id for r in compilation_of(compiled).graphs]
+    return records[0]
+
+
+def check_sizes(model, inputs_at, sizes, plan="default"):
+    compiled = compile_with_plan(model, plan)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for size in sizes:
+            inputs = inputs_at(size, generator)
+            problem = compare(model(*inputs), compiled(*inputs), what=f"output at size {size}")
+            assert problem is None, problem
+    return compiled
+
+
+def test_mlp_batch_sizes_compile_twice_and_run_kernels_per_size():
+    model = MLP().eval()
+    sizes = [1, 2, 3, 5, 8, 13, 64, 5]
+    compiled = check_sizes(model, lambda n, g: (torch.randn(n, 32, generator=g),), sizes)
+    assert len(compilation_of(compiled).graphs) == 2          # batch 1, then the dynamic graph
+    record = dynamic_graph(compiled)
+    assert record.metrics["kernels"] >= 2
+    seen = record.metrics["size_specializations"]
+    assert [list(s.values())[0] for s in seen["sizes"]] == [2, 3, 5, 8, 13, 64]    # 1 has its own graph
+    assert seen["kernels"] == seen["groups"] * len(seen["sizes"])
+
+
+def test_encoder_with_padding_mask_over_sequence_lengths():
+    model = Block().eval()
+    sizes = [16, 24, 40, 56, 24]
+    compiled = check_sizes(model, lambda s, g: (torch.randn(3, s, 32, generator=g), padding_mask(3, s, g)), sizes)
+    assert len(compilation_of(compiled).graphs) == 2
+    record = dynamic_graph(compiled)
+    assert record.metrics["kernels"] >= 3
+    assert len(record.metrics["size_specializations"]["sizes"]) == 3    # 24, 40, 56 (16 compiled statically)
+
+
+def test_sizes_past_the_limit_run_the_groups_eagerly_and_still_match():
+    plan = {"extends": "default", "options": {"codegen": {"size_specializations": 2}}}
+    compiled = check_sizes(MLP().eval(), lambda n, g: (torch.randn(n, 32, generator=g),), [2, 3, 4, 5, 6], plan)
+    seen = dynamic_graph(compiled).metrics["size_specializations"]
+    assert len(seen["sizes"]) == 2 and seen["limit"] == 2
+
+
+def test_no_specializations_leaves_symbolic_groups_eager_with_the_reason():
+    plan = {"extends": "default", "options": {"codegen": {"size_specializations": 0}}}
+    compiled = check_sizes(MLP().eval(), lambda n, g: (torch.randn(n, 32, generator=g),), [2, 3, 4], plan)
+    last = compilation_of(compiled).graphs[-1]
+    assert last.metrics["kernels"] == 0
+    assert any("size_specializations is 0" in n["message"] for n in last.notes)
+
+
+def _grown(spec: TensorSpec, rank: int, growth: tuple) -> TensorSpec:
+    """``spec`` with every axis that is not a broadcast 1 grown by its axis's amount."""
+    offset = rank - len(spec.shape)
+    shape = tuple(s if s == 1 else s + growth[k + offset] for k, s in enumerate(spec.shape))
+    return TensorSpec(shape, spec.dtype, spec.permutation)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=graphs(views=False, constants=False, large_shapes=0, max_ops=6, max_dim=5),
+       growth=st.lists(st.integers(1, 5), min_size=3, max_size=3), data=st.data())
+def test_random_graphs_with_symbolic_sizes_match_eager_at_every_size(case, growth, data):
+    """Random pointwise/reduction graphs captured with every size symbolic (capture.dynamic: true),
+    called at their own sizes and at two grown ones (where eager accepts them): fuse + C++ codegen
+    match eager each time."""
+    torch._dynamo.reset()
+    rank = max(len(s.shape) for s in case.inputs)
+    plan = {"extends": "default", "options": {"capture": {"dynamic": True}}}
+    compiled = compile_with_plan(case.gm, plan)
+    for step, scale in enumerate([0, 1, 2]):
+        specs = [_grown(s, rank, tuple(scale * g for g in growth[-rank:])) for s in case.inputs]
+        generator = torch.Generator().manual_seed(step)
+        inputs = [s.make(generator) for s in specs]
+        try:
+            expected = case.gm(*inputs)
+        except RuntimeError:
+            assert scale, "the graph fails eagerly at its own sizes"
+            continue        # an op with sizes in its arguments (layer_norm's normalized_shape) fixes them
+        problem = compare(expected, compiled(*inputs), what=f"output at {[s.shape for s in specs]}")
+        assert problem is None, f"{problem}\n{case}"
