@@ -101,6 +101,16 @@ def test_sizes_past_the_limit_run_the_groups_eagerly_and_still_match():
     assert len(seen["sizes"]) == 2 and seen["limit"] == 2
 
 
+def test_dynamic_graph_folds_views_and_reuses_buffers_of_symbolic_layouts():
+    """Views of symbolic sizes fold into reinterpret_tensor calls whose sizes the graph computes,
+    and a kernel writes into a dead buffer of the same symbolic layout (reuse=)."""
+    plan = {"extends": "default", "options": {"codegen": {"reuse_buffers": ["cpu"]}}}
+    compiled = check_sizes(Block().eval(), lambda s, g: (torch.randn(2, s, 32, generator=g),), [8, 12, 20, 12], plan)
+    code = dynamic_graph(compiled).final_code
+    assert "reinterpret_tensor(" in code and "aten_view(" not in code
+    assert "reuse=(" in code
+
+
 def test_no_specializations_leaves_symbolic_groups_eager_with_the_reason():
     plan = {"extends": "default", "options": {"codegen": {"size_specializations": 0}}}
     compiled = check_sizes(MLP().eval(), lambda n, g: (torch.randn(n, 32, generator=g),), [2, 3, 4], plan)

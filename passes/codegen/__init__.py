@@ -48,7 +48,7 @@ class CodegenOptions:
                "kernel once and keep the fastest; the choice is cached on disk beside the kernels.")
     fold_views: bool = option(
         True, "Replace each chain of view operators on a computed tensor (view, permute, split...) by one "
-              "as_strided call with the chain's layout (static shapes only).")
+              "as_strided call with the chain's layout (symbolic sizes computed from the graph's size inputs).")
     lower_linear: bool = option(
         True, "Call aten.linear for addmm/mm of a transposed 2-D weight (the same ATen kernel, one call "
               "instead of two).")

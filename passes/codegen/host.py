@@ -7,8 +7,9 @@ microseconds. Three steps cut it, each visible in the generated code:
 
 - :func:`fold_views`: a chain of view operators (view, permute, split + getitem, transpose...)
   whose base is a freshly computed tensor becomes one ``aten.as_strided`` with the layout the
-  chain produces (static shapes only; the layout comes from the example values). Views of graph
-  inputs are left alone: their storage offset is only known at run time.
+  chain produces (the layout comes from the example values; symbolic sizes and strides are
+  computed from the graph's size inputs). Views of graph inputs are left alone: their storage
+  offset is only known at run time.
 - :func:`lower_linear`: ``addmm(b, x, permute(w, [1, 0]))`` becomes ``aten.linear(x, w, b)``,
   which ATen runs as that very addmm (same kernel, same numerics) in one call instead of two.
 - :class:`HostGraphModule`: the graph's ``forward`` is our own generated source, calling each
@@ -51,19 +52,6 @@ def _is_view_op(target: Any) -> bool:
     return bool(arguments) and arguments[0].alias_info is not None
 
 
-def _static_layout(value: Any) -> tuple | None:
-    """(sizes, strides, storage offset, dtype) of a tensor example value with static shape."""
-    if not isinstance(value, torch.Tensor) or value.is_conj() or value.is_neg():
-        return None                     # as_strided would drop a lazy conjugate or negation bit
-    try:
-        layout = (tuple(value.shape), tuple(value.stride()), value.storage_offset())
-    except RuntimeError:        # sparse and other layouts without strides
-        return None
-    if not all(type(v) is int for v in (*layout[0], *layout[1], layout[2])):
-        return None
-    return (*layout, value.dtype)
-
-
 def _fresh(node: torch.fx.Node) -> bool:
     """The node's value is a tensor computed by the graph (not a graph input or a view of one),
     so its run-time layout is the one recorded in its example value."""
@@ -104,11 +92,65 @@ def _view_source(node: torch.fx.Node) -> torch.fx.Node | None:
     return source if isinstance(source, torch.fx.Node) else None
 
 
+def _layout(value: Any) -> tuple | None:
+    """(sizes, strides, storage offset, dtype) of a tensor example value; sizes may be SymInts."""
+    if not isinstance(value, torch.Tensor) or value.is_conj() or value.is_neg():
+        return None                     # as_strided would drop a lazy conjugate or negation bit
+    try:
+        return tuple(value.shape), tuple(value.stride()), value.storage_offset(), value.dtype
+    except RuntimeError:        # sparse and other layouts without strides
+        return None
+
+
+class _SizeNodes:
+    """Graph values for symbolic sizes: each symbol is read from the placeholder Dynamo passes it
+    in, and an expression of symbols (``768*s0``) becomes ``operator`` nodes, made once each."""
+
+    def __init__(self, graph: torch.fx.Graph):
+        self.graph = graph
+        self.made: dict = {}
+        for node in graph.find_nodes(op="placeholder"):
+            value = node.meta.get("val")
+            if isinstance(value, torch.SymInt) and value.node.expr.is_Symbol:
+                self.made.setdefault(value.node.expr, node)
+
+    def value(self, size: Any) -> Any:
+        """An int, or a node computing the SymInt ``size`` (None when it cannot be written)."""
+        if type(size) is int:
+            return size
+        if not isinstance(size, torch.SymInt):
+            return None
+        return self._expression(size.node.expr)
+
+    def _expression(self, expr: Any) -> Any:
+        if expr.is_Integer:
+            return int(expr)
+        if expr in self.made:
+            return self.made[expr]
+        combine = operator.add if expr.is_Add else operator.mul if expr.is_Mul else None
+        if combine is None:
+            return None
+        terms = [self._expression(a) for a in expr.args]
+        if any(t is None for t in terms):
+            return None
+        node = terms[0]
+        for term in terms[1:]:
+            node = self.graph.call_function(combine, (node, term))
+        self.made[expr] = node
+        return node
+
+    def values(self, sizes: tuple) -> list | None:
+        out = [self.value(s) for s in sizes]
+        return None if any(v is None for v in out) else out
+
+
 def fold_views(gm: torch.fx.GraphModule) -> int:
     """Replace every view chain rooted in a computed tensor by one ``as_strided`` of that tensor;
-    returns how many view nodes were replaced (the intermediate ones die)."""
+    returns how many view nodes were replaced (the intermediate ones die). Symbolic sizes and
+    strides are computed in the graph from the size placeholders (:class:`_SizeNodes`)."""
     graph = gm.graph
     base: dict[torch.fx.Node, torch.fx.Node] = {}
+    sizes = _SizeNodes(graph)
     folded = 0
     for node in list(graph.nodes):
         source = _view_source(node)
@@ -117,8 +159,8 @@ def fold_views(gm: torch.fx.GraphModule) -> int:
         root = base.get(source, source)
         if not _fresh(root):
             continue
-        layout, root_layout = _static_layout(meta_of(node)), _static_layout(meta_of(root))
-        if layout is None or root_layout is None or layout[3] != root_layout[3]:
+        layout, root_layout = _layout(meta_of(node)), _layout(meta_of(root))
+        if layout is None or root_layout is None or layout[3] != root_layout[3] or type(layout[2]) is not int:
             continue
         base[node] = root
         if all(_view_source(user) is not None for user in node.users):
@@ -126,7 +168,10 @@ def fold_views(gm: torch.fx.GraphModule) -> int:
         if node.target is aten.as_strided.default and node.args[0] is root:
             continue
         with graph.inserting_before(node):
-            replacement = graph.call_function(aten.as_strided.default, (root, list(layout[0]), list(layout[1]), layout[2]))
+            shape, stride = sizes.values(layout[0]), sizes.values(layout[1])
+            if shape is None or stride is None:
+                continue
+            replacement = graph.call_function(aten.as_strided.default, (root, shape, stride, layout[2]))
         replacement.meta = dict(node.meta)
         node.replace_all_uses_with(replacement)
         base[replacement] = root
@@ -269,8 +314,8 @@ def _alias_of_fresh_tensor(node: torch.fx.Node, emitter: _Emitter) -> str | None
         # offset at run time (a fresh tensor carries no lazy conjugate or negation bit).
         return (f"{function}({emitter.arg(base)}, {emitter.arg(size)}, {emitter.arg(stride)}, "
                 f"{offset} - {emitter.arg(base)}.storage_offset())")
-    layout = _static_layout(meta_of(base))
-    if layout is None:
+    layout = _layout(meta_of(base))
+    if layout is None or type(layout[2]) is not int:
         return None
     return emitter.call(function, (base, size, stride, offset - layout[2]), {})
 
@@ -366,9 +411,18 @@ def _liveness(nodes: list) -> tuple[dict, dict, dict, dict]:
     return last_use, order, roots, alias_end
 
 
+def _size_key(size: Any) -> Any:
+    """A size as a dictionary key: the int, or a symbolic size's expression (equal keys: equal
+    sizes whatever the symbols' values)."""
+    return size if type(size) is int else ("symbolic", str(size.node.expr))
+
+
 def _layout_key(value: Any) -> tuple | None:
-    layout = _static_layout(value)
-    return None if layout is None or not isinstance(value, torch.Tensor) else (*layout, value.device)
+    layout = _layout(value)
+    if layout is None:
+        return None
+    shape, stride, offset, dtype = layout
+    return (tuple(map(_size_key, shape)), tuple(map(_size_key, stride)), _size_key(offset), dtype, value.device)
 
 
 def reuse_buffers(gm: torch.fx.GraphModule, devices: Any = ("cuda",)) -> int:

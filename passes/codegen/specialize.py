@@ -211,19 +211,26 @@ class SizeSpecializedKernel(CompiledKernel):
         self.specializer = specializer
         self.bind = bind
         self.last: tuple = (None, None)    # (values of the symbols, their kernel) of the last call
-        # The generated host code passes donors= where the compile-time kernel takes them.
+        # The generated host code passes donors= and reuse= where the compile-time kernel takes
+        # them (planned on layouts of symbolic sizes, which hold at every size).
         self.in_place_capable = getattr(example, "in_place_capable", False)
+        self.accepts_reuse = getattr(example, "accepts_reuse", False)
 
-    def __call__(self, *inputs: torch.Tensor, donors: tuple = ()) -> tuple:
+    def __call__(self, *inputs: torch.Tensor, donors: tuple = (), reuse: tuple = ()) -> tuple:
         values = tuple(inputs[i].shape[d] for _, i, d in self.bind)
         last_values, kernel = self.last
         if values != last_values:
             binding = {symbol: value for (symbol, _, _), value in zip(self.bind, values)}
             kernel = self.specializer.kernel(self.group, binding)
             self.last = (values, kernel)
-        if donors and isinstance(kernel, CompiledKernel) and kernel.writes_inputs_safely():
-            return kernel(*inputs, donors=donors)
-        return kernel(*inputs)
+        if not isinstance(kernel, CompiledKernel):
+            return kernel(*inputs)
+        options = {}
+        if donors and kernel.writes_inputs_safely():
+            options["donors"] = donors
+        if reuse and kernel.accepts_reuse:
+            options["reuse"] = reuse
+        return kernel(*inputs, **options)
 
     @property
     def __name__(self) -> str:
