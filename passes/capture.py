@@ -3,6 +3,7 @@ rest of the plan. ``frontend: dynamo`` uses TorchDynamo (guards, graph breaks, r
 ``frontend: export`` uses ``torch.export`` (one whole graph, no Python fallback)."""
 from __future__ import annotations
 
+import inspect
 import warnings
 from typing import Any, Callable, Literal
 
@@ -11,10 +12,19 @@ import torch
 
 from pipeline import CaptureContext, CapturePass, GraphCompiler, option, positive
 from pipeline import compat
-from pipeline.errors import GraphBreakError, PipelineError, RecompileError
+from pipeline.errors import GraphBreakError, PipelineError, RecompileError, did_you_mean
 
 from .capture_checks import EagerRejected, eager_rejection
 from .regions import with_own_code
+
+
+def _check_dims(value: Any) -> str | None:
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        return "a mapping from a parameter name (or position, as a string) to a list of dims"
+    for name, dims in value.items():
+        if not isinstance(dims, list) or not all(type(d) is int for d in dims):
+            return f"{name}: a list of dims (integers), not {dims!r}"
+    return None
 
 
 @attrs.frozen
@@ -56,6 +66,19 @@ class CaptureOptions:
               "per-call wrappers (the guards checked are Dynamo's own). "
               "Calls that miss, graphs with breaks, and the force_eager / *_then_compile stances go through "
               "Dynamo as usual. false: every call goes through Dynamo.")
+    dynamic_dims: dict[str, list[int]] = option(
+        {}, "dynamo only: dimensions made symbolic from the first call, by the forward's parameter name (or "
+            "position, as a string) -> dims (torch._dynamo.maybe_mark_dynamic on each call that may compile): "
+            "{input_ids: [0]} with dynamic: false keeps every other size static, so a plan can say \"batch is "
+            "dynamic, hidden size is not\". Sizes 0 and 1 still specialize, as Dynamo does.",
+        check=_check_dims)
+    data_dependent: bool = option(
+        False, "dynamo only: capture .item() and operators whose output shape depends on the data (nonzero, "
+               "unique, masked_select...) with unbacked sizes instead of breaking the graph (Dynamo's "
+               "capture_scalar_outputs and capture_dynamic_output_shape_ops, set while the model is called); "
+               "groups with such sizes get kernels per size seen like other symbolic groups. Off by default: "
+               "with it, torch's own capture fails on some ops (combinations, a broadcast masked_select; "
+               "also under torch.compile's aot_eager backend).")
     dict_tag_guards: bool = option(
         True, "dynamo only: guards skip the checks under a module whose dictionaries (parameters, buffers, "
               "submodules, attributes) are untouched since the last call (Dynamo's "
@@ -127,7 +150,7 @@ class Capture(CapturePass):
         settings = compat.DynamoSettings(recompile_limit=opts.recompile_limit + context.planned_variants,
                                          fail_on_limit=opts.on_recompile_limit == "error",
                                          ignore_logging=ignored_logging, dict_tag_guards=opts.dict_tag_guards,
-                                         trace_numpy=opts.trace_numpy)
+                                         trace_numpy=opts.trace_numpy, data_dependent=opts.data_dependent)
         compiled_name = getattr(getattr(target, "__code__", None), "co_name", None) if not opts.regions else None
 
         if opts.stance != "default":
@@ -144,11 +167,15 @@ class Capture(CapturePass):
             direct = compat.DirectCall(target, backend, allowed=context.without_graph_breaks)
             context.expose("direct_calls", direct)
 
+        mark = _dim_marker(fn, opts.dynamic_dims) if opts.dynamic_dims else None
+
         def run(*args: Any, **kwargs: Any) -> Any:
             if direct is not None:
                 out = direct(args, kwargs)
                 if out is not compat.MISS:
                     return out
+            if mark is not None:
+                mark(args, kwargs)
             hits = compat.recompile_limit_hit_count()
             try:
                 with settings:
@@ -187,6 +214,33 @@ class Capture(CapturePass):
             return out
 
         return run
+
+
+def _dim_marker(fn: Callable, dims: dict[str, list[int]]) -> Callable[[tuple, dict], None]:
+    """``mark(args, kwargs)``: Dynamo's maybe_mark_dynamic on the declared dims of the call's
+    tensors, found by parameter name in ``fn``'s signature (a module's forward) or by position."""
+    signature = inspect.signature(fn.forward if isinstance(fn, torch.nn.Module) else fn)
+    names = [p.name for p in signature.parameters.values()
+             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    where = []
+    for key, marked in dims.items():
+        if key.isdigit():
+            where.append((int(key), None, marked))
+        elif key in signature.parameters:
+            where.append((names.index(key) if key in names else None, key, marked))
+        else:
+            owner = getattr(fn, "__name__", type(fn).__name__)
+            raise PipelineError(f"capture.dynamic_dims: {key!r} is not a parameter of {owner}"
+                                f"{did_you_mean(key, list(signature.parameters))}")
+
+    def mark(args: tuple, kwargs: dict) -> None:
+        for position, name, marked in where:
+            value = args[position] if position is not None and position < len(args) else kwargs.get(name)
+            if isinstance(value, torch.Tensor):
+                for dim in marked:
+                    if -value.dim() <= dim < value.dim():
+                        compat.mark_dynamic(value, dim % value.dim())
+    return mark
 
 
 def _module_caller(module: torch.nn.Module) -> Callable:

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 class MLP(nn.Module):
     def __init__(self, hidden: int = 32):
         super().__init__()
-        self.up, self.down, self.norm = nn.Linear(hidden, 2 * hidden), nn.Linear(2 * hidden, hidden), nn.LayerNorm(hidden)
+        self.up, self.down = nn.Linear(hidden, 2 * hidden), nn.Linear(2 * hidden, hidden)
+        self.norm = nn.LayerNorm(hidden)
 
     def forward(self, x):
         return torch.softmax(self.norm(x + self.down(nn.functional.gelu(self.up(x)))), -1)
@@ -148,3 +149,47 @@ def test_random_graphs_with_symbolic_sizes_match_eager_at_every_size(case, growt
             continue        # an op with sizes in its arguments (layer_norm's normalized_shape) fixes them
         problem = compare(expected, compiled(*inputs), what=f"output at {[s.shape for s in specs]}")
         assert problem is None, f"{problem}\n{case}"
+
+
+@pytest.mark.parametrize("name, fn, make", [
+    ("nonzero", lambda x: torch.nonzero(x > 0) * 2, lambda g: (torch.randn(6, 5, generator=g),)),
+    ("masked_select", lambda x: torch.masked_select(x, x > 0).exp() + 1, lambda g: (torch.randn(7, 3, generator=g),)),
+    ("item", lambda x: x * x.sum().item(), lambda g: (torch.randn(4, 4, generator=g),)),
+    ("unique", lambda x: torch.unique(x) + 1, lambda g: (torch.randint(0, 9, (20,), generator=g),)),
+])
+def test_data_dependent_sizes_are_captured_in_one_graph(name, fn, make):
+    """capture.data_dependent: .item() and data-dependent output shapes stay in the graph (unbacked
+    sizes), one compile serves inputs whose data changes those sizes, and results match eager."""
+    plan = {"extends": "default", "options": {"capture": {"data_dependent": True}}}
+    compiled = compile_with_plan(fn, plan)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        inputs = make(generator)
+        problem = compare(fn(*inputs), compiled(*inputs), what=name)
+        assert problem is None, problem
+    compilation = compilation_of(compiled)
+    assert len(compilation.graphs) == 1 and not compilation.graph_breaks
+    assert compilation.graphs[0].fallback is None
+
+
+def test_a_plan_declares_batch_dynamic_and_keeps_other_sizes_static():
+    """capture.dynamic_dims with dynamic: false: the named dim is symbolic from the first call,
+    every other size stays static (a new hidden size compiles a graph of its own)."""
+    def fn(x):
+        return torch.softmax(x * 2, -1)
+
+    plan = {"extends": "default", "options": {"capture": {"dynamic": False, "dynamic_dims": {"x": [0]}}}}
+    compiled = compile_with_plan(fn, plan)
+    generator = torch.Generator().manual_seed(0)
+    for shape in [(2, 8), (3, 8), (9, 8), (3, 12), (5, 12)]:
+        x = torch.randn(*shape, generator=generator)
+        assert compare(fn(x), compiled(x)) is None
+    graphs = compilation_of(compiled).graphs
+    assert len(graphs) == 2
+    assert all(g.metrics["size_specializations"] for g in graphs)      # batch symbolic in both
+
+
+def test_dynamic_dims_naming_no_parameter_is_an_error_naming_the_valid_ones():
+    plan = {"extends": "default", "options": {"capture": {"dynamic_dims": {"y": [0]}}}}
+    with pytest.raises(Exception, match="'y' is not a parameter of MLP.*x"):
+        compile_with_plan(MLP(), plan)(torch.randn(2, 32))

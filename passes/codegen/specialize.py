@@ -28,6 +28,7 @@ from passes.kernel_ir.groups import CompiledKernel, FusedGroup, meta_of
 from passes.kernel_ir.loops import UnsupportedGroup
 from pipeline import Metric, compat
 from pipeline.cache.graph_io import UnsupportedGraph
+from pipeline.errors import PipelineError
 
 
 def _values(group: FusedGroup) -> list:
@@ -176,13 +177,18 @@ class Specializer:
                 self.kernels[self.key(group, binding)] = group
                 self.notes.append(f"{group.name}: runs eagerly at {_spelled(binding)}: {exc}")
                 continue
-            inputs = [graph.placeholder(f"{group.name}_in{k}") for k, _ in
-                      enumerate(n for n in concrete.subgraph.graph.nodes if n.op == "placeholder")]
-            nodes.append((group, graph.call_function(concrete, tuple(inputs))))
+            count = len(concrete.subgraph.graph.find_nodes(op="placeholder"))
+            inputs = tuple(graph.placeholder(f"{group.name}_in{k}") for k in range(count))
+            nodes.append((group, graph.call_function(concrete, inputs)))
         graph.output(tuple(n for _, n in nodes))
         module = torch.fx.GraphModule(torch.nn.Module(), graph)
         notes = _Notes(self.graph_id, self.runtime.target, self.runtime.cache)
-        self.runtime.build(module, notes)
+        try:
+            self.runtime.build(module, notes)
+        except Exception as exc:
+            names = ", ".join(g.name for g, _ in nodes)
+            raise PipelineError(f"codegen: generating the kernels of {self.graph_id} ({names}) for the sizes "
+                                f"{_spelled(binding)} failed: {type(exc).__name__}: {exc}") from exc
         for group, node in nodes:
             made = node.target if isinstance(node.target, CompiledKernel) else group
             self.kernels[self.key(group, binding)] = made

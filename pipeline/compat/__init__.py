@@ -13,7 +13,7 @@ import torch.fx
 
 from pipeline.compat.dynamo import (  # noqa: F401  (re-exported: callers import one compatibility module)
     DIRECT_STANCES, MISS, STANCES, DirectCall, DynamoSettings, ReusableStance, backend_failure_types, compile_lock,
-    current_stance, dynamo_compile, graph_break_counts, is_refused_recompile, logger_functions, logging_can_be_ignored,
+    mark_dynamic, current_stance, dynamo_compile, graph_break_counts, is_refused_recompile, logger_functions, logging_can_be_ignored,
     max_variants_per_function, recompile_error_types, recompile_limit_hit_count, recompile_limit_hits,
     reset_dynamo, stance, unsupported_error_types)
 from pipeline.compat.shapes import (  # noqa: F401  (re-exported)

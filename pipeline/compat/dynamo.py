@@ -20,6 +20,12 @@ def dynamo_compile(fn: Callable, backend: Callable, *, fullgraph: bool, dynamic:
 _own_compile_lock = threading.RLock()
 
 
+def mark_dynamic(tensor: torch.Tensor, dim: int) -> None:
+    """Ask Dynamo to trace ``dim`` of ``tensor`` with a symbolic size (``maybe_mark_dynamic``: a
+    size Dynamo then specializes, 0 or 1, is no error)."""
+    torch._dynamo.maybe_mark_dynamic(tensor, dim)
+
+
 def compile_lock() -> Any:
     """The lock Dynamo holds while it compiles a frame (re-entrant), for compiles that run outside
     Dynamo: a training graph's backward, compiled lazily when autograd first runs it, and
@@ -34,9 +40,12 @@ class DynamoSettings:
     and its policy (``fail_on_recompile_limit_hit``), the logging functions traced code skips
     instead of breaking the graph at (``ignore_logging``, see :func:`logger_functions`), and
     whether guards skip a module subtree whose dictionaries are unchanged since the last call
-    (``dict_tag_guards``: Dynamo's ``use_recursive_dict_tags_for_guards``), and whether NumPy calls
-    are traced into torch operators (``trace_numpy``); and Dynamo ignores FX's process-wide
-    tracing flag, which another thread's compile sets while it traces.
+    (``dict_tag_guards``: Dynamo's ``use_recursive_dict_tags_for_guards``), whether NumPy calls
+    are traced into torch operators (``trace_numpy``), whether ``.item()`` and operators with
+    data-dependent output shapes are captured with unbacked sizes instead of breaking the graph
+    (``data_dependent``: ``capture_scalar_outputs``, ``capture_dynamic_output_shape_ops``); and
+    Dynamo ignores FX's process-wide tracing flag, which another thread's compile sets while it
+    traces.
 
     Used as a context manager around each call that may compile (Dynamo reads these when a frame
     misses its cache): entering sets them, leaving the last active call restores what they were,
@@ -50,9 +59,12 @@ class DynamoSettings:
     _saved: dict[str, Any] = {}
 
     def __init__(self, *, recompile_limit: int, fail_on_limit: bool, ignore_logging: frozenset = frozenset(),
-                 dict_tag_guards: bool = False, trace_numpy: bool = True):
+                 dict_tag_guards: bool = False, trace_numpy: bool = True, data_dependent: bool = False):
         config = torch._dynamo.config
         wanted: dict[str, Any] = {"recompile_limit": recompile_limit}
+        for name in ("capture_scalar_outputs", "capture_dynamic_output_shape_ops"):
+            if hasattr(config, name):
+                wanted[name] = data_dependent
         if hasattr(config, "trace_numpy"):
             wanted["trace_numpy"] = trace_numpy
         if hasattr(config, "force_compile_during_fx_trace"):
