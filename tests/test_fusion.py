@@ -498,3 +498,25 @@ def test_a_node_reading_another_groups_member_sees_that_groups_later_dependencie
     fused = run_passes(["functionalize", "fuse"], make_fx(backward)(*args), args)
     for got, expected in zip(fused(*args), backward(*args)):
         torch.testing.assert_close(got, expected)
+
+
+def test_eval_batch_norm_is_one_kernel_with_the_relu_after_it():
+    """In eval mode batch norm decomposes to pointwise ops on per-channel values; their two
+    ``unsqueeze``\\ s become one view that moves to the per-channel inputs, so the per-channel work
+    joins the kernel of the normalization and the ReLU (no ATen batch norm, no per-channel kernel)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+                                torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.BatchNorm2d(16)).eval()
+    for norm in (model[1], model[4]):
+        norm.running_mean.normal_()
+        norm.running_var.uniform_(0.5, 2.0)
+        norm.weight.data.normal_()
+        norm.bias.data.normal_()
+    compiled = compile_with_plan(model, "default")
+    with torch.no_grad():
+        for batch in (2, 5):
+            x = torch.randn(batch, 8, 12, 12)
+            assert compare(model(x), compiled(x)) is None
+    record = compilation_of(compiled).graphs[0]
+    assert record.kernels == 2, record.contents["kernels"]
+    assert not [op for op in record.contents["extern_calls"] if "batch_norm" in op]

@@ -7,8 +7,10 @@ are converted to fp32 (pointwise), reshaped to ``[b*s, V]`` and reduced by ``log
 backward computes ``[b*s, V]`` and converts the reshaped ``[b, s, V]`` result back to bf16. With
 the reshape in between, each conversion is a kernel of its own writing an fp32 copy of the logits.
 
-Two rewrites, both exact for elementwise ops (an elementwise op commutes with any reshape of all
-its same-shaped operands):
+First, ``unsqueeze``/``squeeze`` are spelled as views and a view of a view becomes one view, so a
+chain of reshapes moves as one (eval-mode batch norm reaches its kernel through two ``unsqueeze``\ s
+of per-channel values). Then two rewrites, both exact for elementwise ops (an elementwise op
+commutes with any reshape of all its same-shaped operands):
 
 - **hoist**: ``view(f(a, b))`` becomes ``f(view(a), view(b))`` when ``f``'s operands come from
   outside any kernel (graph inputs, extern calls, or pointwise nodes that are hoisted in turn) and
@@ -39,11 +41,16 @@ VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 MAX_ROUNDS = 16
 
 
+# Size-1 axes added or dropped: always a view, whatever the layout.
+UNIT_VIEWS = (aten.unsqueeze.default, aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims)
+
+
 def move_views(graph: torch.fx.GraphModule) -> int:
-    """Hoist, then sink, reshapes across elementwise nodes in ``graph`` (in place); returns how
-    many nodes moved. New nodes carry example values derived from the old ones; the caller
-    re-traces the graph for exact ones."""
-    return _rewrite(graph, (_hoist, _sink))
+    """Spell unit reshapes as views and merge chains of views, then hoist, then sink, reshapes
+    across elementwise nodes in ``graph`` (in place); returns how many nodes moved. New nodes
+    carry example values derived from the old ones; the caller re-traces the graph for exact
+    ones."""
+    return _rewrite(graph, (_as_one_view, _hoist, _sink))
 
 
 def _rewrite(graph: torch.fx.GraphModule, rewrites: tuple) -> int:
@@ -121,6 +128,36 @@ def _hoistable_operand(arg: torch.fx.Node, user: torch.fx.Node, shape: list, see
     tensors = [a for a in arg.all_input_nodes if meta_of(a).dim()]
     seen[arg] = all(_viewable(meta_of(a), shape) and _hoistable_operand(a, arg, shape, seen) for a in tensors)
     return seen[arg]
+
+
+def _as_one_view(graph: torch.fx.Graph, node: torch.fx.Node) -> int:
+    """``unsqueeze``/``squeeze`` become ``view``, and ``view(view(x))`` whose inner view has no
+    other user becomes one ``view(x)``, so that a chain of reshapes moves as one (a batch norm's
+    per-channel values reach its kernel through two ``unsqueeze``\ s); 1 if rewritten."""
+    if node.op != "call_function" or not isinstance(meta_of(node), torch.Tensor):
+        return 0
+    shape = list(meta_of(node).shape)
+    if not _static(shape):
+        return 0
+    if node.target in UNIT_VIEWS:
+        source = node.args[0]
+    elif node.target in VIEWS and isinstance(node.args[0], torch.fx.Node) \
+            and node.args[0].op == "call_function" and node.args[0].target in VIEWS + UNIT_VIEWS \
+            and len(node.args[0].users) == 1:
+        source = node.args[0].args[0]
+    else:
+        return 0
+    if not isinstance(source, torch.fx.Node) or not _viewable(meta_of(source), shape):
+        return 0
+    inner = node.args[0] if node.target in VIEWS else None
+    with graph.inserting_before(node):
+        view = graph.call_function(aten.view.default, (source, shape))
+    view.meta = dict(node.meta)
+    node.replace_all_uses_with(view)
+    graph.erase_node(node)
+    if inner is not None:
+        graph.erase_node(inner)
+    return 1
 
 
 def _hoist(graph: torch.fx.Graph, view: torch.fx.Node) -> int:
