@@ -42,7 +42,7 @@ class PadMatmul(Pass):
 
     name = "pad-mm"
     Options = PadMmOptions
-    version = "5"
+    version = "6"
     requires = frozenset({"aten"})
 
     def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
