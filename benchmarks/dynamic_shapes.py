@@ -36,7 +36,9 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pipeline  # noqa: E402
+from zoo.measure import relerr, synchronize  # noqa: E402  (as the zoo measures)
 from pipeline import compile_with_plan  # noqa: E402
 
 
@@ -136,11 +138,6 @@ def workloads(device: str, names: list[str]) -> list[dict]:
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 
 
-def relerr(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    a, e = actual.double(), expected.double()
-    return float((a - e).norm() / e.norm().clamp_min(1e-12))
-
-
 def graph_count(compiled) -> int:
     return len(pipeline.compilation_of(compiled).graphs)
 
@@ -159,15 +156,14 @@ def sweep(work: dict, variants: dict, device: str) -> dict:
 
 def timed(fn, inputs: tuple, iters: int, device: str) -> tuple[float, float]:
     """(wall ms, host ms) per call over ``iters`` calls."""
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    sync()
+    synchronize(device)
     start = time.perf_counter()
     host = 0.0
     for _ in range(iters):
         t = time.perf_counter()
         fn(*inputs)
         host += time.perf_counter() - t
-    sync()
+    synchronize(device)
     return (time.perf_counter() - start) * 1e3 / iters, host * 1e3 / iters
 
 

@@ -26,7 +26,7 @@ import torch.fx
 
 from passes.kernel_ir.groups import CompiledKernel, FusedGroup, meta_of
 from passes.kernel_ir.loops import UnsupportedGroup
-from pipeline import Metric, compat
+from pipeline import Metric, PassContext, compat
 from pipeline.cache.graph_io import UnsupportedGraph
 from pipeline.errors import PipelineError
 
@@ -119,19 +119,6 @@ class SizeRuntime:
     context: Any = None     # the compile's PassContext: set_metric("size_specializations", ...)
 
 
-@attrs.define(eq=False)
-class _Notes:
-    """A PassContext stand-in for builds at run time (notes kept for the record's metric)."""
-
-    graph_id: str
-    target: str
-    cache: Any
-    notes: list = attrs.field(factory=list)
-
-    def note(self, message: str, *, topic: str = "passes") -> None:
-        self.notes.append({"pass": "codegen", "topic": topic, "message": message})
-
-
 class Specializer:
     """The symbolic groups of one graph and the kernels made for each set of their sizes."""
 
@@ -182,7 +169,7 @@ class Specializer:
             nodes.append((group, graph.call_function(concrete, inputs)))
         graph.output(tuple(n for _, n in nodes))
         module = torch.fx.GraphModule(torch.nn.Module(), graph)
-        notes = _Notes(self.graph_id, self.runtime.target, self.runtime.cache)
+        notes = PassContext(self.graph_id, self.runtime.target, [], cache=self.runtime.cache, current_pass="codegen")
         try:
             self.runtime.build(module, notes)
         except Exception as exc:
@@ -216,7 +203,9 @@ class SizeSpecializedKernel(CompiledKernel):
         self.backend = getattr(example, "backend", "?")
         self.specializer = specializer
         self.bind = bind
-        self.last: tuple = (None, None)    # (values of the symbols, their kernel) of the last call
+        # (values of the symbols, their kernel or group, whether it takes donors=, reuse=) of the
+        # last call: a call at the same sizes only compares the values.
+        self.last: tuple = (None, None, False, False)
         # The generated host code passes donors= and reuse= where the compile-time kernel takes
         # them (planned on layouts of symbolic sizes, which hold at every size).
         self.in_place_capable = getattr(example, "in_place_capable", False)
@@ -224,17 +213,19 @@ class SizeSpecializedKernel(CompiledKernel):
 
     def __call__(self, *inputs: torch.Tensor, donors: tuple = (), reuse: tuple = ()) -> tuple:
         values = tuple(inputs[i].shape[d] for _, i, d in self.bind)
-        last_values, kernel = self.last
+        last_values, kernel, takes_donors, takes_reuse = self.last
         if values != last_values:
             binding = {symbol: value for (symbol, _, _), value in zip(self.bind, values)}
             kernel = self.specializer.kernel(self.group, binding)
-            self.last = (values, kernel)
-        if not isinstance(kernel, CompiledKernel):
+            compiled = isinstance(kernel, CompiledKernel)
+            takes_donors, takes_reuse = compiled and kernel.writes_inputs_safely(), compiled and kernel.accepts_reuse
+            self.last = (values, kernel, takes_donors, takes_reuse)
+        if not (donors and takes_donors or reuse and takes_reuse):
             return kernel(*inputs)
         options = {}
-        if donors and kernel.writes_inputs_safely():
+        if donors and takes_donors:
             options["donors"] = donors
-        if reuse and kernel.accepts_reuse:
+        if reuse and takes_reuse:
             options["reuse"] = reuse
         return kernel(*inputs, **options)
 
@@ -273,9 +264,9 @@ def specialize_graph(graph: torch.fx.GraphModule, runtime: SizeRuntime, context:
     specializer = Specializer([n.target for n, _ in taken], runtime, context.graph_id)
     hints = {}
     for node, bind in taken:
+        placeholders = node.target.subgraph.graph.find_nodes(op="placeholder")
         for symbol, index, dim in bind:
-            placeholder = [n for n in node.target.subgraph.graph.nodes if n.op == "placeholder"][index]
-            hint = compat.size_hint(meta_of(placeholder).shape[dim])
+            hint = compat.size_hint(meta_of(placeholders[index]).shape[dim])
             if hint is not None:
                 hints[symbol] = hint
     for node, bind in taken:

@@ -33,6 +33,7 @@ import torch
 import torch.fx
 
 from passes.kernel_ir.groups import end_padding, meta_of, packet_name
+from passes.kernel_ir.nodes import static_sizes
 
 from .legality import classify
 
@@ -137,7 +138,7 @@ def _as_one_view(graph: torch.fx.Graph, node: torch.fx.Node) -> int:
     if node.op != "call_function" or not isinstance(meta_of(node), torch.Tensor):
         return 0
     shape = list(meta_of(node).shape)
-    if not _static(shape):
+    if not static_sizes(shape):
         return 0
     if node.target in UNIT_VIEWS:
         source = node.args[0]
@@ -170,7 +171,7 @@ def _hoist(graph: torch.fx.Graph, view: torch.fx.Node) -> int:
     if not _feeds_kernel(view) or not _only_kernels_use(view):
         return 0        # a view an extern call reads is written anyway: its source kernel writes it
     shape = list(meta_of(view).shape)
-    if not _static(shape):
+    if not static_sizes(shape):
         return 0
     tensors = [a for a in source.all_input_nodes if meta_of(a).dim()]
     seen: dict = {}
@@ -199,7 +200,7 @@ def _sink(graph: torch.fx.Graph, node: torch.fx.Node) -> int:
     if not tensors or not all(a.op == "call_function" and a.target in VIEWS for a in tensors):
         return 0
     sources = [a.args[0] for a in tensors]
-    if not _static(meta_of(node).shape) or not all(_static(meta_of(s).shape) for s in sources):
+    if not static_sizes(meta_of(node).shape) or not all(static_sizes(meta_of(s).shape) for s in sources):
         return 0
     shapes = {tuple(meta_of(s).shape) for s in sources}
     if len(shapes) != 1 or not any(_in_kernel(s) for s in sources):
@@ -215,10 +216,6 @@ def _sink(graph: torch.fx.Graph, node: torch.fx.Node) -> int:
     node.replace_all_uses_with(back)
     graph.erase_node(node)
     return 1
-
-
-def _static(shape: list) -> bool:
-    return all(isinstance(s, int) for s in shape)
 
 
 def _remap(node: torch.fx.Node, mapping: dict) -> tuple[tuple, dict]:

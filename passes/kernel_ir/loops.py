@@ -12,6 +12,7 @@ import attrs
 import torch
 import torch.fx
 
+from .nodes import static_sizes
 from .groups import (REDUCTIONS, UNIT_RESHAPES, FusedGroup, broadcasts_to, end_padding, group_levels, iota_of,
                     meta_of, outer_axis_map, packet_name)
 
@@ -58,10 +59,6 @@ class LoopNest:
         return [a for a in range(len(self.sizes)) if a not in self.reduced]
 
 
-def _is_static(values) -> bool:
-    return all(isinstance(v, int) for v in values)
-
-
 def _strides_for(shape: tuple, strides: tuple, consumer_shape: tuple | None, domain: tuple,
                  reduced: tuple) -> list[int]:
     """Element strides over the domain axes of a tensor (shape, strides) read with eager
@@ -94,7 +91,7 @@ def analyze(group: FusedGroup) -> LoopNest:
     graph = group.subgraph.graph
     domain = tuple(group.domain)
     reduced = tuple(group.reduced)
-    if not _is_static(domain):
+    if not static_sizes(domain):
         raise UnsupportedGroup(f"dynamic domain {domain}")
     nodes = [n for n in graph.nodes if n.op == "call_function"]
     output_node = next(n for n in graph.nodes if n.op == "output")
@@ -128,14 +125,14 @@ def analyze(group: FusedGroup) -> LoopNest:
             value = meta_of(arg)
             if not isinstance(value, torch.Tensor):
                 raise UnsupportedGroup(f"input {arg.name} is not a tensor")
-            if not (_is_static(value.shape) and _is_static(value.stride())):
+            if not (static_sizes(value.shape) and static_sizes(value.stride())):
                 raise UnsupportedGroup(f"input {arg.name} has dynamic shape or strides")
             raw_loads[(arg, node)] = _strides_for(tuple(value.shape), tuple(value.stride()), consumer_shape,
                                                   domain, reduced)
     raw_outputs = []
     for out in output_node.args[0]:
         value = meta_of(out)
-        if not (_is_static(value.shape) and _is_static(value.stride())):
+        if not (static_sizes(value.shape) and static_sizes(value.stride())):
             raise UnsupportedGroup(f"output {out.name} has dynamic shape or strides")
         consumer_shape = None if level[out] == "full" else tuple(value.shape)
         if level[out] == "full" and tuple(value.shape) != domain and end_padding(out) is None:

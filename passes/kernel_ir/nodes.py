@@ -49,6 +49,11 @@ def packet_name(target: Any) -> str:
     return compat.op_name(target)
 
 
+def static_sizes(sizes: Any) -> bool:
+    """True when every size in ``sizes`` is a plain int (none is symbolic)."""
+    return all(isinstance(s, int) for s in sizes)
+
+
 def meta_of(value: Any) -> Any:
     """The example value (fake tensor, SymInt or constant) recorded for a node or literal."""
     if isinstance(value, torch.fx.Node):

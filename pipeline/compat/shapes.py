@@ -3,6 +3,7 @@ tensors assumed about its sizes, for the compile cache's key and for replaying t
 a cache hit. Re-exported by :mod:`pipeline.compat`."""
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -85,7 +86,6 @@ def guards_suppressed(values: list) -> Any:
     """A context in which comparing the symbolic sizes of ``values`` answers from the sizes Dynamo
     saw and adds no guard (for heuristic decisions a pass checks again on concrete sizes: fuse's
     grouping, whose kernels are generated per concrete size). Nothing without a shape environment."""
-    import contextlib
     env = _shape_env(values)
     return env.suppress_guards() if env is not None else contextlib.nullcontext()
 
