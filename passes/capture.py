@@ -76,9 +76,9 @@ class CaptureOptions:
         False, "dynamo only: capture .item() and operators whose output shape depends on the data (nonzero, "
                "unique, masked_select...) with unbacked sizes instead of breaking the graph (Dynamo's "
                "capture_scalar_outputs and capture_dynamic_output_shape_ops, set while the model is called); "
-               "groups with such sizes get kernels per size seen like other symbolic groups. Off by default: "
-               "with it, torch's own capture fails on some ops (combinations, a broadcast masked_select; "
-               "also under torch.compile's aot_eager backend).")
+               "groups with such sizes get kernels per size seen like other symbolic groups. Off unless a "
+               "plan sets it (the default plan does); when Dynamo's own tracing of an unbacked size fails "
+               "(combinations), the function is captured again without it and the reason recorded.")
     dict_tag_guards: bool = option(
         True, "dynamo only: guards skip the checks under a module whose dictionaries (parameters, buffers, "
               "submodules, attributes) are untouched since the last call (Dynamo's "
@@ -147,10 +147,13 @@ class Capture(CapturePass):
         backend_failed = compat.backend_failure_types()
 
         # The plan's declared shape buckets (context.planned_variants) are variants on purpose.
-        settings = compat.DynamoSettings(recompile_limit=opts.recompile_limit + context.planned_variants,
+        def dynamo_settings(data_dependent: bool) -> compat.DynamoSettings:
+            return compat.DynamoSettings(recompile_limit=opts.recompile_limit + context.planned_variants,
                                          fail_on_limit=opts.on_recompile_limit == "error",
                                          ignore_logging=ignored_logging, dict_tag_guards=opts.dict_tag_guards,
-                                         trace_numpy=opts.trace_numpy, data_dependent=opts.data_dependent)
+                                         trace_numpy=opts.trace_numpy, data_dependent=data_dependent)
+
+        settings = dynamo_settings(opts.data_dependent)
         compiled_name = getattr(getattr(target, "__code__", None), "co_name", None) if not opts.regions else None
 
         if opts.stance != "default":
@@ -169,13 +172,7 @@ class Capture(CapturePass):
 
         mark = _dim_marker(fn, opts.dynamic_dims) if opts.dynamic_dims else None
 
-        def run(*args: Any, **kwargs: Any) -> Any:
-            if direct is not None:
-                out = direct(args, kwargs)
-                if out is not compat.MISS:
-                    return out
-            if mark is not None:
-                mark(args, kwargs)
+        def call(args: tuple, kwargs: dict) -> Any:
             hits = compat.recompile_limit_hit_count()
             try:
                 with settings:
@@ -212,6 +209,30 @@ class Capture(CapturePass):
                         warnings.warn(f"pipeline: {reason}. Raise the limit, declare shape buckets, or make the "
                                       f"changing dimension dynamic.", stacklevel=3)
             return out
+
+        data_dependent = opts.data_dependent
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            nonlocal settings, data_dependent
+            if direct is not None:
+                out = direct(args, kwargs)
+                if out is not compat.MISS:
+                    return out
+            if mark is not None:
+                mark(args, kwargs)
+            try:
+                return call(args, kwargs)
+            except Exception as exc:
+                failure = compat.data_dependent_failure(exc) if data_dependent else None
+                if failure is None:
+                    raise
+            # Tracing an unbacked size failed (in Dynamo, in AOTAutograd, in a library's backward
+            # formula): from now on this function is captured as without data_dependent, where
+            # the data-dependent operator breaks the graph and runs eagerly.
+            settings, data_dependent = dynamo_settings(False), False
+            context.record_graph_break(f"capture.data_dependent: tracing a data-dependent size failed ({failure}); "
+                                       f"captured again with data-dependent operators breaking the graph")
+            return call(args, kwargs)
 
         return run
 

@@ -318,10 +318,13 @@ class Compilation:
         """Where (file, line, code) capture stopped for a graph break with this reason, if a
         captured graph ended there; ``used`` keeps repeated reasons on distinct sites."""
         used = set() if used is None else used
-        for index, capture in enumerate(self.captures):
-            if capture["graph_break"] and capture["reason"] == reason and index not in used and capture["where"]:
-                used.add(index)
-                return capture["where"][-1]
+        breaks = [(i, c) for i, c in enumerate(self.captures) if c["graph_break"] and c["where"] and i not in used]
+        # Dynamo words some reasons differently in its counter and in the graph it ends (a
+        # data-dependent branch: "Data-dependent branching" and "generic_jump ..."): then the
+        # earliest graph that ended at a break not matched yet.
+        for index, capture in [b for b in breaks if b[1]["reason"] == reason] or breaks[:1]:
+            used.add(index)
+            return capture["where"][-1]
         return None
 
     def _collect_graph_breaks(self) -> None:

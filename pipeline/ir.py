@@ -27,7 +27,7 @@ def has_side_effects(node: torch.fx.Node) -> bool:
         return True
     if node.op == "call_function":
         target = node.target
-        if target in _SIDE_EFFECTS or compat.is_mutating(target):
+        if target in _SIDE_EFFECTS or compat.is_mutating(target) or compat.has_effect(target):
             return True
         try:
             return bool(node.is_impure())

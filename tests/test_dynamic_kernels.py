@@ -172,6 +172,46 @@ def test_data_dependent_sizes_are_captured_in_one_graph(name, fn, make):
     assert compilation.graphs[0].fallback is None
 
 
+def test_a_mask_that_broadcasts_its_input_selects_more_elements_than_the_input_has():
+    """masked_select's count is bounded by the broadcast numel, not the input's (torch's fake
+    kernel is corrected in pipeline.compat.fixes): no runtime assertion fails on a correct call."""
+    fn = lambda x, m: torch.masked_select(x, m) * 2     # noqa: E731
+    compiled = compile_with_plan(fn, {"extends": "default", "options": {"capture": {"data_dependent": True}}})
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(2):
+        x, m = torch.randn(2, 5, generator=generator), torch.rand(3, 2, 5, generator=generator) > 0.2
+        problem = compare(fn(x, m), compiled(x, m), what="masked_select")
+        assert problem is None, problem
+
+
+def test_a_failure_of_dynamos_data_dependent_tracing_captures_again_with_a_graph_break():
+    """combinations makes Dynamo lose track of an unbacked size (PendingUnbackedSymbolNotFound):
+    the call still runs, the function is captured again with the operator breaking the graph,
+    and the reason is recorded."""
+    fn = lambda x: torch.combinations(x, r=2) + 1     # noqa: E731
+    compiled = compile_with_plan(fn, {"extends": "default", "options": {"capture": {"data_dependent": True}}},
+                                 on_error="raise")
+    x = torch.tensor([0.0, 1.0, 2.0, 3.0])
+    assert torch.equal(compiled(x), fn(x))
+    breaks = compilation_of(compiled).graph_breaks
+    assert any("capture.data_dependent" in r and "PendingUnbackedSymbolNotFound" in r for r in breaks), breaks
+    assert not compilation_of(compiled).fallbacks
+
+
+def test_error_checks_of_linalg_operators_stay_in_the_compiled_graph():
+    """_linalg_check_errors carries an effect token through functionalization; the compiled graph
+    calls it in order, so a matrix that is not positive-definite raises as in eager."""
+    fn = lambda a: torch.linalg.cholesky(a) * 2     # noqa: E731
+    compiled = compile_with_plan(fn, "default", on_error="raise")
+    a = torch.randn(5, 5, generator=torch.Generator().manual_seed(0))
+    a = a @ a.T + torch.eye(5)
+    problem = compare(fn(a), compiled(a), what="cholesky")
+    assert problem is None, problem
+    assert compilation_of(compiled).graphs[0].fallback is None
+    with pytest.raises(torch.linalg.LinAlgError, match="positive-definite"):
+        compiled(-torch.eye(5))
+
+
 def test_a_plan_declares_batch_dynamic_and_keeps_other_sizes_static():
     """capture.dynamic_dims with dynamic: false: the named dim is symbolic from the first call,
     every other size stays static (a new hidden size compiles a graph of its own)."""

@@ -13,6 +13,7 @@ import torch.fx
 
 from pipeline.compat.dynamo import (  # noqa: F401  (re-exported: callers import one compatibility module)
     DIRECT_STANCES, MISS, STANCES, DirectCall, DynamoSettings, ReusableStance, backend_failure_types, compile_lock,
+    data_dependent_failure,
     mark_dynamic, current_stance, dynamo_compile, graph_break_counts, is_refused_recompile, logger_functions, logging_can_be_ignored,
     max_variants_per_function, recompile_error_types, recompile_limit_hit_count, recompile_limit_hits,
     reset_dynamo, stance, unsupported_error_types)
@@ -95,20 +96,48 @@ def retrace(fn: Callable, example_inputs: list, *, decompositions: dict | None =
                 traced = make_fx(target, decomposition_table=decompositions or {}, tracing_mode="real")(*example_inputs)
         finally:
             fake_mode.allow_non_fake_inputs = allowed
+    if functionalize:
+        _drop_effect_tokens(traced)
     if functionalize and remove == "mutations_and_views":
         _views_to_copies(traced)
     return traced
 
 
+def capturing_cuda_graph() -> bool:
+    """Whether the current CUDA stream is recording a CUDA graph."""
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
+
+
+def traced_as_one_call(target: Callable, args: tuple, run: Callable[[], Any]) -> Any:
+    """While ``make_fx`` traces (a pass re-tracing a graph): record ``target(*args)`` as one graph
+    node whose value is what ``run()`` returns, run without tracing (its operators do not enter
+    the traced graph). Returns :data:`MISS` when nothing is tracing."""
+    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, get_proxy_mode, track_tensor_tree
+    mode = get_proxy_mode()
+    if mode is None:
+        return MISS
+    tracer = mode.tracer
+    with disable_proxy_modes_tracing():
+        out = run()
+    proxy = tracer.create_proxy("call_function", target, tuple(tracer.unwrap_proxy(a) for a in args), {})
+    return track_tensor_tree(out, proxy, constant=None, tracer=tracer)
+
+
 def _functionalized(fn: Callable) -> Callable:
     """``fn`` run under Python functionalization: in-place ops become out-of-place ones, and an
-    input that was written is updated with one ``copy_`` of its final value."""
+    input that was written is updated with one ``copy_`` of its final value. Operators with a
+    declared side effect (``_linalg_check_errors``, ``_print``) are threaded through one effect
+    token per effect type, as AOTAutograd does; :func:`_drop_effect_tokens` turns them back into
+    plain calls in graph order after tracing."""
     from torch._functorch._aot_autograd.functional_utils import from_fun, has_data_mutation, to_fun
+    from torch._higher_order_ops.effects import _EffectType
     from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 
     def functional(*args: Any) -> Any:
-        with FunctionalTensorMode():
+        tokens = {effect: torch.empty(0) for effect in _EffectType}
+        with FunctionalTensorMode() as mode:
             wrapped = [to_fun(a) for a in args]
+            mode._tokens.update({effect: to_fun(token) for effect, token in tokens.items()})
             out = fn(*wrapped)
         flat, spec = torch.utils._pytree.tree_flatten(out)
         flat = [from_fun(o) for o in flat]
@@ -120,6 +149,44 @@ def _functionalized(fn: Callable) -> Callable:
         return torch.utils._pytree.tree_unflatten(flat, spec)
 
     return functional
+
+
+def _drop_effect_tokens(gm: torch.fx.GraphModule) -> None:
+    """Replace every ``with_effects(token, op, *args)`` node by ``op(*args)`` and delete the
+    tokens. The graph keeps the calls in program order, and :func:`has_effect` keeps passes from
+    removing or moving them."""
+    from torch._higher_order_ops.effects import with_effects
+    graph = gm.graph
+    for node in reversed(list(graph.nodes)):     # last first: a token's only users are later calls
+        if node.op != "call_function" or node.target is not with_effects:
+            continue
+        _token, op, *args = node.args
+        with graph.inserting_before(node):
+            call = graph.call_function(op, tuple(args), dict(node.kwargs))
+        call.meta = {k: v for k, v in node.meta.items() if k != "val"}
+        results = len(op._schema.returns)
+        for user in list(node.users):
+            index = user.args[1]
+            if index == 0 or results <= 1:    # a single result (or None) is the call itself
+                user.replace_all_uses_with(call)
+                graph.erase_node(user)
+            else:
+                user.args = (call, index - 1)
+        graph.erase_node(node)
+    for node in reversed(list(graph.nodes)):     # the tokens themselves: empty(0), now unused
+        if node.op == "call_function" and not node.users and node.target is torch.ops.aten.empty.memory_format:
+            graph.erase_node(node)
+    graph.lint()
+    gm.recompile()
+
+
+def has_effect(target: Any) -> bool:
+    """True for operators with a declared side effect (an error check, a print): never removed,
+    merged or moved past one another."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    from torch._higher_order_ops.effects import _get_effect
+    return _get_effect(target) is not None
 
 
 def _views_to_copies(gm: torch.fx.GraphModule) -> None:

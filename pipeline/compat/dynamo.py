@@ -11,6 +11,8 @@ from typing import Any, Callable
 
 import torch
 
+from pipeline.compat.fixes import apply_data_dependent_fixes
+
 
 def dynamo_compile(fn: Callable, backend: Callable, *, fullgraph: bool, dynamic: bool | None) -> Callable:
     """Dynamo-optimize ``fn`` with our own backend (no Inductor involved)."""
@@ -79,6 +81,8 @@ class DynamoSettings:
         if self._ignore_logging:
             _quiet_metrics_config_error()
         self._wanted = wanted
+        if data_dependent:
+            apply_data_dependent_fixes()
 
     def __enter__(self) -> None:
         config = torch._dynamo.config
@@ -280,6 +284,24 @@ def is_refused_recompile(exc: BaseException) -> bool:
         isinstance(exc, RuntimeError) and "stance is 'fail_on_recompile'" in str(exc))
 
 
+def data_dependent_failure(error: BaseException) -> str | None:
+    """When ``error`` (or an exception it wraps) is a failure to trace an unbacked size (a guard on
+    a data-dependent expression, an unbacked symbol Dynamo lost track of, a failure inside
+    Dynamo's own tracing): its type and first line; else None."""
+    from torch._dynamo import exc as dynamo_exc
+    from torch.fx.experimental import symbolic_shapes
+    kinds = tuple(getattr(symbolic_shapes, name) for name in
+                  ("GuardOnDataDependentSymNode", "PendingUnbackedSymbolNotFound") if hasattr(symbolic_shapes, name))
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, kinds) or isinstance(error, dynamo_exc.InternalTorchDynamoError):
+            text = str(error).strip().splitlines()
+            return f"{type(error).__name__}: {text[0][:200] if text else ''}"
+        error = getattr(error, "inner_exception", None) or error.__cause__ or error.__context__
+    return None
+
+
 def backend_failure_types() -> tuple[type, ...]:
     """Dynamo's wrapper exceptions for an error raised inside a compiler backend (ours), so
     capture can unwrap the project's own error from them."""
@@ -315,12 +337,16 @@ def _without_disable(fn: Callable) -> Callable:
 
 class _UtilsWithoutDisable:
     """``torch._dynamo.utils`` as the transformed code of a direct call reads it: its
-    ``record_pregraph_bytecode_enter/exit`` (a profiler range around the graph call, each behind
-    a disabling wrapper) without the wrappers; every other name is the module's."""
+    ``record_pregraph_bytecode_enter/exit`` (a profiler range around the graph call) and the size
+    readers of graphs with symbolic sizes (``call_size``, ``call_stride``, ``call_storage_offset``),
+    each behind a disabling wrapper, without the wrappers; every other name is the module's."""
+
+    _UNWRAPPED = ("record_pregraph_bytecode_enter", "record_pregraph_bytecode_exit", "call_size", "call_stride",
+                  "call_storage_offset")
 
     def __init__(self, module: Any):
         self._module = module
-        for name in ("record_pregraph_bytecode_enter", "record_pregraph_bytecode_exit"):
+        for name in self._UNWRAPPED:
             fn = getattr(module, name, None)
             if fn is not None:
                 setattr(self, name, getattr(fn, "__wrapped__", fn))

@@ -331,7 +331,7 @@ def _convert_expect(base: Expectations, raw: dict, source: str, registry: Regist
     """``base`` with the ``expect:`` keys of ``raw`` applied: the engine's keys and those of the
     registered metrics, each checked against its declaration (unknown keys are an error naming
     the valid ones)."""
-    if "expect" not in raw:
+    if "expect" not in raw or raw["expect"] is None:     # ``expect:`` left empty: nothing expected
         return base
     data, line = raw["expect"], line_of(raw, "expect")
     metric_keys = limit_fields(registry.metrics)
