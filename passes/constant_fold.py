@@ -10,8 +10,18 @@ is an operator that reads its operands from memory anyway (attention, matmuls, c
 embedding and index lookups): the value was going to be written out and read back on every call,
 so keeping it costs memory but no traffic, and saves the kernels and host calls that made it.
 The attention mask transformers builds from positions alone (GPT-2 prefill: ``cumsum``, two
-``index`` gathers, ``cat``, five small kernels, a 4 MB bf16 mask) is such a value."""
+``index`` gathers, ``cat``, five small kernels, a 4 MB bf16 mask) is such a value.
+
+In a graph with symbolic sizes that mask depends on the sequence length, a graph input. Values
+that depend on symbolic sizes and constants alone (``per_size``) are computed at run time once
+per size seen instead: the subgraph that makes them becomes one :class:`PerSizeValues` call,
+which runs it the first time a size is seen and returns the same tensors afterwards. The same
+size limits apply, at the compile-time sizes; a value that reaches a graph output is left alone
+(the caller would hold the shared tensor)."""
 from __future__ import annotations
+
+import heapq
+import operator
 
 import attrs
 import torch
@@ -31,6 +41,11 @@ class ConstantFoldOptions:
         64 << 20, "Largest folded result kept when every remaining consumer is an attention, matmul, "
                   "convolution, embedding or index operator (which read it from memory anyway), in bytes.",
         check=non_negative)
+    per_size: bool = option(
+        True, "In graphs with symbolic sizes: compute values that depend on the sizes and constants alone "
+              "(masks, position ids) once per size seen, at run time, instead of on every call.")
+    per_size_entries: int = option(16, "Sizes whose per-size values are kept (the oldest is dropped).",
+                                   check=non_negative)
 
 
 _READ_WHOLE = ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.convolution", "aten.embedding",
@@ -56,7 +71,7 @@ class ConstantFold(Pass):
 
     name = "constant-fold"
     Options = ConstantFoldOptions
-    version = "2"
+    version = "3"
 
     def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
         values: dict[torch.fx.Node, object] = {}
@@ -117,9 +132,183 @@ class ConstantFold(Pass):
             for node in reversed(list(graph.graph.nodes)):
                 if not node.users and not has_side_effects(node) and node in values:
                     graph.graph.erase_node(node)
+        if self.options.per_size and self.options.per_size_entries:
+            self._fold_per_size(graph, context, set(values))
         return finish(graph)
 
+    def _limit(self, node: torch.fx.Node, inside: set) -> int:
+        read_whole = all(_reads_whole(user) for user in node.users if user not in inside)
+        return max(self.options.max_bytes, self.options.max_bytes_read_whole if read_whole else 0)
 
+    def _fold_per_size(self, graph: torch.fx.GraphModule, context: PassContext, constants: set) -> None:
+        determined = _size_determined(graph.graph, constants)
+        chosen = []
+        for node in determined:
+            value = node.meta.get("val")
+            if (not isinstance(value, torch.Tensor) or not any(u not in determined for u in node.users)
+                    or not any(isinstance(a, torch.fx.Node) and a in determined
+                               and isinstance(a.meta.get("val"), torch.Tensor) for a in node.all_input_nodes)):
+                continue        # a scalar, used only inside, or a lone factory (kernels make those for free)
+            if _reaches_output(node):
+                continue
+            size = compat.size_hint(value.numel()) * value.element_size()
+            if size > self._limit(node, determined):
+                context.note(f"not folded per size {node.name}: {size} bytes at the compile-time sizes")
+                continue
+            chosen.append(node)
+        if not chosen:
+            return
+        module, roots = _subgraph(graph, chosen)
+        name = f"per_size_{chosen[0].name}"
+        values = PerSizeValues(module, self.options.per_size_entries, name)
+        with graph.graph.inserting_after(max(roots, key=_position(graph.graph))):
+            call = graph.graph.call_function(values, tuple(roots))
+        call.meta["val"] = tuple(n.meta["val"] for n in chosen)
+        for index, node in enumerate(chosen):
+            with graph.graph.inserting_after(call):
+                item = graph.graph.call_function(operator.getitem, (call, index))
+            item.meta = dict(node.meta)
+            node.replace_all_uses_with(item, delete_user_cb=lambda user: user is not item)
+        _restore_order(graph.graph)
+        for node in reversed(list(graph.graph.nodes)):
+            if node in determined and not node.users and not has_side_effects(node):
+                graph.graph.erase_node(node)
+        context.note(f"folded per size: {len(chosen)} value(s) of {len(module.graph.nodes) - len(roots) - 1} "
+                     f"node(s), computed once per size of {', '.join(str(r.meta['val']) for r in roots)}")
+
+
+class PerSizeValues:
+    """Tensors determined by symbolic sizes alone (a mask, position ids), computed once per size:
+    called with the sizes' values it runs ``module`` on them the first time and returns the same
+    tensors afterwards, keeping the last ``entries`` sizes (and, for good, those read while a CUDA
+    graph was being recorded: the recording reads their memory). A pass re-tracing the graph records it
+    as one call again; called with symbolic sizes otherwise (fake propagation) it runs the module. Its results are shared between calls: the graph must
+    not write into them or hand their buffers to another value (``shares_results``)."""
+
+    shares_results = True
+
+    def __init__(self, module: torch.fx.GraphModule, entries: int, name: str):
+        self.module = module
+        self.entries = entries
+        self.__name__ = name
+        self.values: dict[tuple, tuple] = {}
+        self.pinned: set[tuple] = set()     # sizes whose tensors a CUDA-graph recording reads: never dropped
+        self.watch_capture = torch.cuda.is_available()
+
+    def __call__(self, *sizes: int) -> tuple:
+        traced = compat.traced_as_one_call(self, sizes, lambda: tuple(self.module(*sizes)))
+        if traced is not compat.MISS:       # a pass re-tracing the graph keeps this one call
+            return traced
+        if not all(type(s) is int for s in sizes):
+            return tuple(self.module(*sizes))
+        found = self.values.get(sizes)
+        if found is None:
+            with torch.no_grad():
+                found = tuple(self.module(*sizes))
+            for old in [k for k in self.values if k not in self.pinned][:max(0, len(self.values) - self.entries + 1)]:
+                del self.values[old]
+            self.values[sizes] = found
+        if self.watch_capture and sizes not in self.pinned and compat.capturing_cuda_graph():
+            self.pinned.add(sizes)      # a CUDA-graph recording reads this memory from now on
+        return found
+
+    def __repr__(self) -> str:
+        return f"PerSizeValues({self.__name__}, {len(self.values)} size(s))"
+
+
+def _is_size_root(node: torch.fx.Node) -> bool:
+    """A symbolic size the graph receives: a SymInt placeholder or a ``sym_size`` of an input."""
+    if not _is_symbolic(node.meta.get("val")):
+        return False
+    return node.op == "placeholder" or (node.op == "call_function" and node.target in _SIZE_QUERIES)
+
+
+_SIZE_QUERIES = {torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int, torch.ops.aten.sym_numel.default}
+
+
+def _size_determined(graph: torch.fx.Graph, constants: set) -> dict:
+    """Pure nodes whose value follows from symbolic sizes and constants (``constants``: nodes with
+    values computable at compile time) alone, reading at least one size, in graph order, each
+    mapped to True; size roots included."""
+    determined: dict = {}
+    constant: set = set()
+    for node in graph.nodes:
+        if _is_size_root(node):
+            determined[node] = True
+        elif node.op == "get_attr" or node in constants:
+            constant.add(node)
+        elif node.op == "call_function" and not has_side_effects(node) and not is_random(node):
+            inputs = node.all_input_nodes
+            if inputs and all(a in determined or a in constant for a in inputs) \
+                    and any(a in determined for a in inputs):
+                determined[node] = True
+    return determined
+
+
+def _reaches_output(node: torch.fx.Node) -> bool:
+    """Whether ``node``'s value, or a view of it, is a graph output."""
+    pending, seen = [node], set()
+    while pending:
+        current = pending.pop()
+        for user in current.users:
+            if user.op == "output":
+                return True
+            if user not in seen and (user.target is operator.getitem or compat.is_view_op(user.target)):
+                seen.add(user)
+                pending.append(user)
+    return False
+
+
+def _subgraph(graph: torch.fx.GraphModule, outputs: list) -> tuple[torch.fx.GraphModule, list]:
+    """The nodes ``outputs`` need, copied into a graph of their own whose placeholders are the
+    size roots they read; returns it and those roots (nodes of ``graph``)."""
+    needed: set = set()
+    pending = list(outputs)
+    while pending:
+        node = pending.pop()
+        if node in needed:
+            continue
+        needed.add(node)
+        pending.extend(node.all_input_nodes)
+    sub = torch.fx.Graph()
+    copied: dict = {}
+    roots = [n for n in graph.graph.nodes if n in needed and _is_size_root(n)]
+    for root in roots:
+        copied[root] = sub.placeholder(root.name)
+        copied[root].meta = dict(root.meta)
+    attributes = {}
+    for node in graph.graph.nodes:
+        if node in needed and node not in copied:
+            if node.op == "get_attr":
+                attributes[node.target] = _attr(graph, node.target)
+            copied[node] = sub.node_copy(node, copied.__getitem__)
+    sub.output(tuple(copied[n] for n in outputs))
+    return torch.fx.GraphModule(attributes, sub), roots
+
+
+def _position(graph: torch.fx.Graph):
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    return order.__getitem__
+
+
+def _restore_order(graph: torch.fx.Graph) -> None:
+    """Topological order again after inserting the per-size call (a size root read later than a
+    consumer of the folded values): nodes keep their relative order wherever their inputs allow."""
+    nodes = list(graph.nodes)
+    waiting = {n: len(set(n.all_input_nodes)) for n in nodes}
+    ready = [i for i, n in enumerate(nodes) if not waiting[n]]
+    heapq.heapify(ready)
+    index = {n: i for i, n in enumerate(nodes)}
+    previous = None
+    while ready:
+        node = nodes[heapq.heappop(ready)]
+        if previous is not None and previous.next is not node:
+            previous.append(node)
+        previous = node
+        for user in node.users:
+            waiting[user] -= 1
+            if not waiting[user]:
+                heapq.heappush(ready, index[user])
 def _same_constant(kept: list[tuple[str, torch.Tensor]], value: torch.Tensor) -> str | None:
     """The attribute of a kept constant equal to ``value`` (shape, dtype, device and elements)."""
     for attr, other in kept:

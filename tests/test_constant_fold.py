@@ -60,3 +60,53 @@ def test_a_large_constant_a_kernel_would_compute_stays_code():
     (record,) = compilation_of(compiled).graphs
     assert any("> max_bytes 1048576" in message for message in messages(record)), messages(record)
     assert "_folded_" not in record.final_code
+
+
+DYNAMIC = {"extends": "cpu-inference", "options": {"capture": {"dynamic": True}}}
+
+
+def test_a_mask_made_from_symbolic_sizes_is_computed_once_per_size():
+    """With the sequence length symbolic the mask depends on an input (the size): it is computed
+    by one per-size call, once for each length seen, and every call still matches eager."""
+    model = MaskedLayers().eval()
+    compiled = compile_with_plan(model, DYNAMIC)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for t in (24, 40, 24, 33, 40):
+            x = torch.randn(2, t, 64, generator=generator)
+            problem = compare(model(x), compiled(x), what=f"length {t}")
+            assert problem is None, problem
+    (record,) = compilation_of(compiled).graphs
+    assert any(m.startswith("folded per size:") for m in messages(record)), messages(record)
+    assert "arange" not in record.final_code and "per_size_" in record.final_code
+
+
+def test_a_size_determined_value_that_is_an_output_stays_fresh_per_call():
+    """A value made from sizes alone that the graph returns is not shared between calls: the caller
+    may write into it."""
+    def ramp_and_scale(x):
+        ramp = torch.arange(x.shape[0], dtype=x.dtype).mul(2.0).add(1.0)
+        return ramp, x * ramp[:, None]
+    compiled = compile_with_plan(ramp_and_scale, DYNAMIC)
+    for n in (5, 7, 7):
+        x = torch.randn(n, 3)
+        ramp, scaled = compiled(x)
+        expected_ramp, expected_scaled = ramp_and_scale(x)
+        assert compare((expected_ramp, expected_scaled), (ramp, scaled)) is None
+        ramp.zero_()      # must not reach the next call's result
+
+
+def test_per_size_values_are_made_once_per_size_and_the_oldest_size_is_dropped():
+    from passes.constant_fold import PerSizeValues
+    runs = []
+
+    def make(n):
+        runs.append(n)
+        return (torch.arange(n) * 2,)
+    values = PerSizeValues(make, entries=2, name="per_size_test")
+    first = values(3)
+    assert values(3)[0] is first[0] and runs == [3]
+    values(4)
+    values(5)                       # 3 is dropped: two sizes kept
+    assert sorted(values.values) == [(4,), (5,)]
+    assert torch.equal(values(3)[0], torch.arange(3) * 2) and runs == [3, 4, 5, 3]

@@ -323,13 +323,16 @@ def _alias_of_fresh_tensor(node: torch.fx.Node, emitter: _Emitter) -> str | None
 def _owns_storage(node: torch.fx.Node) -> bool:
     """The node's value is a buffer of its own that nothing else refers to when it dies: the
     result of an ATen operator that returns a new tensor, or an output of a generated kernel whose
-    group holds no view operator (whose eager fallback could then hand back an input's alias)."""
+    group holds no view operator (whose eager fallback could then hand back an input's alias).
+    Results of a call whose target says ``shares_results`` (it keeps them for later calls) are not."""
     if not _fresh(node):
         return False
     if node.target in _UNANNOTATED_ALIASES:
         return False
     producer = node.args[0] if node.target is operator.getitem else node
     kernel = producer.target if isinstance(producer, torch.fx.Node) else None
+    if getattr(kernel, "shares_results", False):     # kept by its producer for later calls
+        return False
     if isinstance(kernel, CompiledKernel):
         return not any(_is_view_op(n.target) for n in kernel.group.subgraph.graph.nodes if n.op == "call_function")
     return True

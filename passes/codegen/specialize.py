@@ -203,6 +203,7 @@ class SizeSpecializedKernel(CompiledKernel):
         self.backend = getattr(example, "backend", "?")
         self.specializer = specializer
         self.bind = bind
+        self._single = bind[0][1:] if len(bind) == 1 else None
         # (values of the symbols, their kernel or group, whether it takes donors=, reuse=) of the
         # last call: a call at the same sizes only compares the values.
         self.last: tuple = (None, None, False, False)
@@ -212,10 +213,14 @@ class SizeSpecializedKernel(CompiledKernel):
         self.accepts_reuse = getattr(example, "accepts_reuse", False)
 
     def __call__(self, *inputs: torch.Tensor, donors: tuple = (), reuse: tuple = ()) -> tuple:
-        values = tuple(inputs[i].shape[d] for _, i, d in self.bind)
+        if self._single is not None:        # one symbol (the common case): no tuple to build
+            values = inputs[self._single[0]].shape[self._single[1]]
+        else:
+            values = tuple([inputs[i].shape[d] for _, i, d in self.bind])
         last_values, kernel, takes_donors, takes_reuse = self.last
         if values != last_values:
-            binding = {symbol: value for (symbol, _, _), value in zip(self.bind, values)}
+            sizes = (values,) if self._single is not None else values
+            binding = {symbol: value for (symbol, _, _), value in zip(self.bind, sizes)}
             kernel = self.specializer.kernel(self.group, binding)
             compiled = isinstance(kernel, CompiledKernel)
             takes_donors, takes_reuse = compiled and kernel.writes_inputs_safely(), compiled and kernel.accepts_reuse
