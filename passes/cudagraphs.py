@@ -16,8 +16,12 @@ Inputs:
 Outputs are cloned by default. With ``clone_outputs: false`` the caller receives the graph's own
 output buffers, which the next call of the same graph overwrites (the report says so).
 
+A graph with symbolic sizes is recorded once per size it is called at: a :class:`SizedCudaGraphs`
+keeps one runner per set of values of the symbolic sizes, up to ``max_sizes`` (calls at further
+sizes run the graph without CUDA graphs, noted once); each recording is noted with its sizes.
+
 A graph is not recorded, with the reason in the report (``cudagraphs`` topic), when an input or an
-operation is on the CPU, when shapes are dynamic, when its role is not in ``roles`` (training
+operation is on the CPU, when its role is not in ``roles`` (training
 graphs, ``forward`` and ``backward``, only when the plan lists them), or when recording fails;
 ``required: true`` turns each of these into an error.
 
@@ -87,6 +91,8 @@ class CudaGraphsOptions:
                        "(the backward reads the activations the forward saves in the forward's recorded "
                        "memory; the step's results and the gradients are cloned).",
         check=_roles_known)
+    max_sizes: int = option(8, "Graphs with symbolic sizes: recordings kept per graph, one per size seen; "
+                               "calls at further sizes run without CUDA graphs.", check=positive)
 
 
 def _packet(target: Any) -> str:
@@ -103,9 +109,6 @@ def static_skip_reason(graph: torch.fx.GraphModule, context: PassContext,
         return (f"{context.role} graphs are not recorded (cudagraphs.roles is {list(roles)}; add "
                 f"{context.role} to record them)")
     for i, value in enumerate(context.example_inputs):
-        if isinstance(value, torch.SymInt) or (isinstance(value, torch.Tensor)
-                                               and not all(type(s) is int for s in value.shape)):
-            return f"input {i} has a dynamic shape (CUDA graphs are recorded per static shape)"
         if isinstance(value, torch.Tensor) and value.device.type != "cuda":
             return f"input {i} is a {value.device.type} tensor"
     for node in graph.graph.nodes:
@@ -370,7 +373,7 @@ class CudaGraphs(Pass):
 
     name = "cudagraphs"
     Options = CudaGraphsOptions
-    version = "3"
+    version = "4"
 
     def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
         reason = static_skip_reason(graph, context, tuple(self.options.roles))
@@ -379,7 +382,11 @@ class CudaGraphs(Pass):
                 raise CudaGraphsError(f"graph {context.graph_id}: cudagraphs is required but {reason}")
             context.note(f"not recorded: {reason}", topic="cudagraphs")
             return graph
-        runner = CudaGraphRunner(graph, self.options, context, mutated_inputs(graph))
+        sized = symbolic_inputs(context.example_inputs)
+        if sized:
+            runner = SizedCudaGraphs(graph, self.options, context, mutated_inputs(graph), sized)
+        else:
+            runner = CudaGraphRunner(graph, self.options, context, mutated_inputs(graph))
         wrapper = torch.fx.Graph()
         placeholders = [wrapper.placeholder(n.name) for n in graph.graph.nodes if n.op == "placeholder"]
         for new, old in zip(placeholders, (n for n in graph.graph.nodes if n.op == "placeholder")):
@@ -395,6 +402,69 @@ class CudaGraphs(Pass):
             "" if self.options.clone_outputs else " (outputs not cloned: the next call overwrites them)"),
             topic="cudagraphs")
         return torch.fx.GraphModule(graph, wrapper)
+
+
+def symbolic_inputs(example_inputs: list) -> tuple[int, ...]:
+    """Indices of the inputs whose sizes are symbolic: SymInt values and tensors of symbolic shape."""
+    return tuple(i for i, value in enumerate(example_inputs)
+                 if isinstance(value, torch.SymInt)
+                 or isinstance(value, torch.Tensor) and not all(type(s) is int for s in value.shape))
+
+
+class SizedCudaGraphs:
+    """A graph with symbolic sizes, recorded per size: one :class:`CudaGraphRunner` for each set of
+    values of its symbolic inputs (SymInt values, shapes of tensors of symbolic shape) seen, up to
+    ``max_sizes``; calls at further sizes run the graph without CUDA graphs."""
+
+    def __init__(self, graph: torch.fx.GraphModule, options: CudaGraphsOptions, context: PassContext,
+                 mutated: list[int], sized: tuple[int, ...]):
+        self.graph = graph
+        self.options = options
+        self.context = context
+        self.mutated = mutated
+        self.sized = sized
+        self.runners: dict[tuple, CudaGraphRunner] = {}
+        self.over_limit = 0
+        self._lock = threading.Lock()
+
+    @property
+    def __name__(self) -> str:
+        return "cudagraph_replay_per_size"
+
+    @property
+    def wrapped_graph(self) -> torch.fx.GraphModule:
+        return self.graph
+
+    def to_data(self, codec: Any) -> dict:
+        """Refuses: graphs with symbolic sizes are not stored in the compile cache yet."""
+        from pipeline.cache.graph_io import UnsupportedGraph
+        raise UnsupportedGraph("CUDA graphs recorded per size of a graph with symbolic sizes")
+
+    def __repr__(self) -> str:
+        return f"<CUDA-graph runners for {len(self.runners)} size(s)>"
+
+    def __call__(self, *args: Any) -> Any:
+        key = tuple(args[i] if not isinstance(args[i], torch.Tensor) else args[i].shape for i in self.sized)
+        runner = self.runners.get(key)
+        if runner is None:
+            with self._lock:
+                runner = self.runners.get(key)
+                if runner is None:
+                    if len(self.runners) >= self.options.max_sizes:
+                        if not self.over_limit:
+                            self.context.note(f"called at more than cudagraphs.max_sizes {self.options.max_sizes} "
+                                              f"sizes: further sizes run without CUDA graphs", topic="cudagraphs")
+                        self.over_limit += 1
+                        return self.graph(*args)
+                    runner = CudaGraphRunner(self.graph, self.options, self.context, self.mutated)
+                    self.runners[key] = runner
+                    self.context.note(f"size {len(self.runners)} of at most {self.options.max_sizes} recorded: "
+                                      f"{_spelled_key(key)}", topic="cudagraphs")
+        return runner(*args)
+
+
+def _spelled_key(key: tuple) -> str:
+    return ", ".join(str(list(k)) if isinstance(k, torch.Size) else str(k) for k in key)
 
 
 def _getitem(values: tuple, index: int) -> Any:

@@ -75,6 +75,25 @@ def test_replays_match_eager_and_parameters_are_used_in_place():
 
 
 @needs_cuda
+def test_a_graph_with_symbolic_sizes_is_recorded_once_per_size_up_to_the_limit():
+    """capture.dynamic: true with cudagraphs: one recording per batch size seen (at most
+    max_sizes), each replay matches eager, and sizes past the limit run without CUDA graphs."""
+    model = mlp().cuda()
+    plan = {"extends": "reduce-overhead", "options": {"capture": {"dynamic": True}, "cudagraphs": {"max_sizes": 3}}}
+    compiled = compile_with_plan(model, plan)
+    with torch.no_grad():
+        for batch in (4, 8, 4, 12, 8, 16, 4):
+            x = torch.randn(batch, 32, device="cuda")
+            problem = compare(model(x), compiled(x), what=f"batch {batch}")
+            assert problem is None, problem
+    assert len(compilation_of(compiled).graphs) == 1
+    notes = cudagraph_notes(compiled)
+    assert sum("of at most 3 recorded" in n for n in notes) == 3, notes
+    assert any("more than cudagraphs.max_sizes 3" in n for n in notes), notes
+    assert sum(n.startswith("recorded:") for n in notes) == 3, notes
+
+
+@needs_cuda
 def test_outputs_are_not_overwritten_by_the_next_call():
     model = mlp().cuda()
     compiled = compile_with_plan(model, "reduce-overhead")
