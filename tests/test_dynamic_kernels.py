@@ -212,6 +212,26 @@ def test_error_checks_of_linalg_operators_stay_in_the_compiled_graph():
         compiled(-torch.eye(5))
 
 
+@pytest.mark.parametrize("capture, written", [
+    ({"dynamic": False, "dynamic_dims": {"x": [3], "mask": [1]}}, "[4, 1, 1, -1]"),   # one symbolic size
+    ({"dynamic": True}, "[arg"),                                                        # batch too: sizes read
+])
+def test_a_chain_of_unit_axes_on_a_symbolic_input_is_one_view(capture, written):
+    """mask[:, None, None, :] of a mask of symbolic length: the two unsqueezes and the whole-range
+    slices become one view (-1 for a lone symbolic size, else the size inputs), at every size."""
+    def fill(x, mask):
+        return (x + 1).masked_fill(mask[:, None, None, :], -1.0)
+    compiled = compile_with_plan(fill, {"extends": "default", "options": {"capture": capture}})
+    generator = torch.Generator().manual_seed(0)
+    for s in (5, 9, 13):
+        x, mask = torch.randn(4, 2, 3, s, generator=generator), torch.rand(4, s, generator=generator) > 0.5
+        problem = compare(fill(x, mask), compiled(x, mask), what=f"length {s}")
+        assert problem is None, problem
+    code = compilation_of(compiled).graphs[-1].final_code
+    assert "unsqueeze" not in code and "slice" not in code and code.count("aten_view(") == 1, code
+    assert "aten_view(arg" in code and written in code.split("aten_view(")[1].split(")")[0], code
+
+
 def test_a_plan_declares_batch_dynamic_and_keeps_other_sizes_static():
     """capture.dynamic_dims with dynamic: false: the named dim is symbolic from the first call,
     every other size stays static (a new hidden size compiles a graph of its own)."""

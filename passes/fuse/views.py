@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
+from pipeline import compat
 from passes.kernel_ir.groups import end_padding, meta_of, packet_name
 from passes.kernel_ir.nodes import static_sizes
 
@@ -138,8 +139,11 @@ def _as_one_view(graph: torch.fx.Graph, node: torch.fx.Node) -> int:
     if node.op != "call_function" or not isinstance(meta_of(node), torch.Tensor):
         return 0
     shape = list(meta_of(node).shape)
-    if not static_sizes(shape):
-        return 0
+    if _whole_slice(node) and isinstance(node.args[0], torch.fx.Node) \
+            and not any(user.op == "output" for user in node.users):
+        node.replace_all_uses_with(node.args[0])       # the whole tensor: no view at all
+        graph.erase_node(node)
+        return 1
     if node.target in UNIT_VIEWS:
         source = node.args[0]
     elif node.target in VIEWS and isinstance(node.args[0], torch.fx.Node) \
@@ -148,17 +152,72 @@ def _as_one_view(graph: torch.fx.Graph, node: torch.fx.Node) -> int:
         source = node.args[0].args[0]
     else:
         return 0
-    if not isinstance(source, torch.fx.Node) or not _viewable(meta_of(source), shape):
+    if not isinstance(source, torch.fx.Node) or not isinstance(meta_of(source), torch.Tensor):
         return 0
+    if static_sizes(shape):
+        if not _viewable(meta_of(source), shape):
+            return 0
+        written = shape
+    elif not _unit_axes_apart(list(meta_of(source).shape), shape):
+        return 0        # symbolic shapes: only a chain that adds or drops size-1 axes (a view on any layout)
     inner = node.args[0] if node.target in VIEWS else None
     with graph.inserting_before(node):
-        view = graph.call_function(aten.view.default, (source, shape))
+        if not static_sizes(shape):
+            written = _with_one_inferred(shape) or _read_from(graph, source, shape)
+        view = graph.call_function(aten.view.default, (source, written))
     view.meta = dict(node.meta)
     node.replace_all_uses_with(view)
     graph.erase_node(node)
     if inner is not None:
         graph.erase_node(inner)
     return 1
+
+
+def _whole_slice(node: torch.fx.Node) -> bool:
+    """``slice(x, dim, 0, end)`` with ``end`` past any size and step 1: the whole of ``x``."""
+    if node.target is not aten.slice.Tensor or node.kwargs:
+        return False
+    defaults = [None, 0, None, None, 1]     # self, dim, start, end, step
+    _, _, start, end, step = list(node.args) + defaults[len(node.args):]
+    return (start in (None, 0) and step == 1
+            and (end is None or type(end) is int and end >= 2 ** 62))
+
+
+def _with_one_inferred(shape: list) -> list | None:
+    """``shape`` with its one symbolic size written -1 (view infers it), or None when it has
+    several, a size of unbacked symbols (maybe 0: nothing to infer from) or a static 0."""
+    symbolic = [s for s in shape if not isinstance(s, int)]
+    if len(symbolic) != 1 or not compat.is_backed(symbolic[0]) or 0 in shape:
+        return None
+    return [-1 if not isinstance(s, int) else s for s in shape]
+
+
+def _read_from(graph: torch.fx.Graph, source: torch.fx.Node, shape: list) -> list:
+    """``shape`` (``source``'s sizes apart from size-1 axes) with each symbolic size read from
+    ``source`` by a ``sym_size`` node."""
+    dims = [d for d, s in enumerate(meta_of(source).shape) if not (isinstance(s, int) and s == 1)]
+    written, kept = [], iter(dims)
+    for size in shape:
+        if isinstance(size, int) and size == 1:
+            written.append(1)
+            continue
+        dim = next(kept)
+        if isinstance(size, int):
+            written.append(size)
+        elif source.target in VIEWS and isinstance(source.args[1][dim], torch.fx.Node):
+            written.append(source.args[1][dim])     # the size node the source view was written with
+        else:
+            read = graph.call_function(aten.sym_size.int, (source, dim))
+            read.meta["val"] = meta_of(source).shape[dim]
+            written.append(read)
+    return written
+
+
+def _unit_axes_apart(a: list, b: list) -> bool:
+    """The two shapes differ only by size-1 axes."""
+    def kept(shape: list) -> list:
+        return [s for s in shape if not (isinstance(s, int) and s == 1)]
+    return compat.same_sizes(kept(a), kept(b))
 
 
 def _hoist(graph: torch.fx.Graph, view: torch.fx.Node) -> int:

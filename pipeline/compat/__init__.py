@@ -18,7 +18,7 @@ from pipeline.compat.dynamo import (  # noqa: F401  (re-exported: callers import
     max_variants_per_function, recompile_error_types, recompile_limit_hit_count, recompile_limit_hits,
     reset_dynamo, stance, unsupported_error_types)
 from pipeline.compat.shapes import (  # noqa: F401  (re-exported)
-    guards_suppressed, known_equal, replay_shape_guards, same_sizes, shape_facts, shape_guard_count,
+    guards_suppressed, is_backed, known_equal, replay_shape_guards, same_sizes, shape_facts, shape_guard_count,
     shape_guards_since)
 
 TORCH_VERSION = torch.__version__

@@ -99,6 +99,15 @@ def known_equal(a: Any, b: Any) -> bool:
     return bool(statically_known_true(a == b))
 
 
+def is_backed(size: Any) -> bool:
+    """True for an int, or a symbolic size of symbols Dynamo took from inputs' sizes (not the
+    unbacked ones of data-dependent values, which may be 0 or 1)."""
+    if type(size) is int:
+        return True
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    return not free_unbacked_symbols(size)
+
+
 def same_sizes(a: Any, b: Any) -> bool:
     """:func:`known_equal` for each pair of two size sequences of one length."""
     return len(a) == len(b) and all(known_equal(x, y) for x, y in zip(a, b))
