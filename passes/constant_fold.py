@@ -181,9 +181,10 @@ class PerSizeValues:
     """Tensors determined by symbolic sizes alone (a mask, position ids), computed once per size:
     called with the sizes' values it runs ``module`` on them the first time and returns the same
     tensors afterwards, keeping the last ``entries`` sizes (and, for good, those read while a CUDA
-    graph was being recorded: the recording reads their memory). A pass re-tracing the graph records it
-    as one call again; called with symbolic sizes otherwise (fake propagation) it runs the module. Its results are shared between calls: the graph must
-    not write into them or hand their buffers to another value (``shares_results``)."""
+    graph was being recorded: the recording reads their memory). A pass re-tracing the graph
+    records it as one call again; called with symbolic sizes otherwise (fake propagation) it runs
+    the module. Its results are shared between calls: the graph must not write into them or hand
+    their buffers to another value (``shares_results``)."""
 
     shares_results = True
 

@@ -8,6 +8,10 @@ inside: ``instance_norm`` with running statistics writes them through ``alias(..
 within ATen, and that write comes out of the first trace unchanged. When the traced graph still
 mutates a value that is not a graph input, it is traced once more: those inner operators are now
 graph nodes, and functionalization rewrites them like any other.
+
+Operators with a declared side effect (``_linalg_check_errors``, which raises on a failed
+factorization) are threaded through an effect token while tracing and come out as plain calls
+in their original order, which no later pass removes or reorders.
 """
 from __future__ import annotations
 
@@ -44,7 +48,7 @@ class Functionalize(Pass):
 
     name = "functionalize"
     Options = FunctionalizeOptions
-    version = "2"
+    version = "3"
     requires = frozenset({"captured"})
     provides = frozenset({"functional", "aten"})
 

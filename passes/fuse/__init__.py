@@ -61,7 +61,7 @@ class Fuse(Pass):
 
     name = "fuse"
     Options = FuseOptions
-    version = "12"
+    version = "13"
     cache_material = rules.cache_material   # rules a plugin adds or replaces change the output
     requires = frozenset({"functional", "aten"})
     provides = frozenset({"fused"})
