@@ -20,7 +20,6 @@ size limits apply, at the compile-time sizes; a value that reaches a graph outpu
 (the caller would hold the shared tensor)."""
 from __future__ import annotations
 
-import heapq
 import operator
 
 import attrs
@@ -30,7 +29,7 @@ import torch.utils._pytree as pytree
 
 from pipeline import Pass, PassContext, non_negative, option
 from pipeline import compat
-from pipeline.ir import finish, has_side_effects, is_random
+from pipeline.ir import dependencies, finish, has_side_effects, is_random, restore_order
 
 
 @attrs.frozen
@@ -161,7 +160,7 @@ class ConstantFold(Pass):
         module, roots = _subgraph(graph, chosen)
         name = f"per_size_{chosen[0].name}"
         values = PerSizeValues(module, self.options.per_size_entries, name)
-        with graph.graph.inserting_after(max(roots, key=_position(graph.graph))):
+        with graph.graph.inserting_before(chosen[0]):     # restore_order moves it after its last size root
             call = graph.graph.call_function(values, tuple(roots))
         call.meta["val"] = tuple(n.meta["val"] for n in chosen)
         for index, node in enumerate(chosen):
@@ -169,7 +168,7 @@ class ConstantFold(Pass):
                 item = graph.graph.call_function(operator.getitem, (call, index))
             item.meta = dict(node.meta)
             node.replace_all_uses_with(item, delete_user_cb=lambda user: user is not item)
-        _restore_order(graph.graph)
+        restore_order(graph.graph)
         for node in reversed(list(graph.graph.nodes)):
             if node in determined and not node.users and not has_side_effects(node):
                 graph.graph.erase_node(node)
@@ -197,9 +196,8 @@ class PerSizeValues:
         self.watch_capture = torch.cuda.is_available()
 
     def __call__(self, *sizes: int) -> tuple:
-        traced = compat.traced_as_one_call(self, sizes, lambda: tuple(self.module(*sizes)))
-        if traced is not compat.MISS:       # a pass re-tracing the graph keeps this one call
-            return traced
+        if compat.tracing_now():        # a pass re-tracing the graph keeps this one call
+            return compat.traced_as_one_call(self, sizes, lambda: tuple(self.module(*sizes)))
         if not all(type(s) is int for s in sizes):
             return tuple(self.module(*sizes))
         found = self.values.get(sizes)
@@ -263,14 +261,7 @@ def _reaches_output(node: torch.fx.Node) -> bool:
 def _subgraph(graph: torch.fx.GraphModule, outputs: list) -> tuple[torch.fx.GraphModule, list]:
     """The nodes ``outputs`` need, copied into a graph of their own whose placeholders are the
     size roots they read; returns it and those roots (nodes of ``graph``)."""
-    needed: set = set()
-    pending = list(outputs)
-    while pending:
-        node = pending.pop()
-        if node in needed:
-            continue
-        needed.add(node)
-        pending.extend(node.all_input_nodes)
+    needed = dependencies(outputs)
     sub = torch.fx.Graph()
     copied: dict = {}
     roots = [n for n in graph.graph.nodes if n in needed and _is_size_root(n)]
@@ -287,29 +278,6 @@ def _subgraph(graph: torch.fx.GraphModule, outputs: list) -> tuple[torch.fx.Grap
     return torch.fx.GraphModule(attributes, sub), roots
 
 
-def _position(graph: torch.fx.Graph):
-    order = {n: i for i, n in enumerate(graph.nodes)}
-    return order.__getitem__
-
-
-def _restore_order(graph: torch.fx.Graph) -> None:
-    """Topological order again after inserting the per-size call (a size root read later than a
-    consumer of the folded values): nodes keep their relative order wherever their inputs allow."""
-    nodes = list(graph.nodes)
-    waiting = {n: len(set(n.all_input_nodes)) for n in nodes}
-    ready = [i for i, n in enumerate(nodes) if not waiting[n]]
-    heapq.heapify(ready)
-    index = {n: i for i, n in enumerate(nodes)}
-    previous = None
-    while ready:
-        node = nodes[heapq.heappop(ready)]
-        if previous is not None and previous.next is not node:
-            previous.append(node)
-        previous = node
-        for user in node.users:
-            waiting[user] -= 1
-            if not waiting[user]:
-                heapq.heappush(ready, index[user])
 def _same_constant(kept: list[tuple[str, torch.Tensor]], value: torch.Tensor) -> str | None:
     """The attribute of a kept constant equal to ``value`` (shape, dtype, device and elements)."""
     for attr, other in kept:

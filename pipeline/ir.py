@@ -1,6 +1,7 @@
 """Helpers on FX graphs shared by passes (a pass never imports another pass's internals)."""
 from __future__ import annotations
 
+import heapq
 import weakref
 from typing import Any, Callable
 
@@ -52,6 +53,38 @@ def finish(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     for name in [k for k in list(gm._buffers) if k not in used and k.startswith("_folded")]:
         del gm._buffers[name]
     return gm
+
+
+def dependencies(nodes: list) -> set:
+    """``nodes`` and every node they depend on, directly or through others."""
+    seen: set = set()
+    pending = list(nodes)
+    while pending:
+        node = pending.pop()
+        if node not in seen:
+            seen.add(node)
+            pending.extend(node.all_input_nodes)
+    return seen
+
+
+def restore_order(graph: torch.fx.Graph) -> None:
+    """Put ``graph`` in topological order again after an edit placed a node before one of its
+    inputs; nodes keep their relative order wherever their inputs allow."""
+    nodes = list(graph.nodes)
+    waiting = {n: len(set(n.all_input_nodes)) for n in nodes}
+    index = {n: i for i, n in enumerate(nodes)}
+    ready = [i for i, n in enumerate(nodes) if not waiting[n]]
+    heapq.heapify(ready)
+    previous = None
+    while ready:
+        node = nodes[heapq.heappop(ready)]
+        if previous is not None and previous.next is not node:
+            previous.append(node)
+        previous = node
+        for user in node.users:
+            waiting[user] -= 1
+            if not waiting[user]:
+                heapq.heappush(ready, index[user])
 
 
 def node_args_hashable(value: Any) -> Any:

@@ -1,12 +1,13 @@
 """The one place that touches private torch APIs (Dynamo, AOTAutograd, make_fx, fake tensors,
 decomposition tables). Tested on torch 2.11 (GPU machine) and 2.13 (CPU machines); the next torch
-release should be a change to this file alone (and to :mod:`pipeline.compat.dynamo`, the Dynamo
-settings part, which it re-exports)."""
+release should be a change to this package alone: this file, :mod:`pipeline.compat.dynamo` (the
+Dynamo settings part), :mod:`pipeline.compat.tracing` (fake tensors and re-tracing) and
+:mod:`pipeline.compat.shapes`, whose public names it re-exports."""
 from __future__ import annotations
 
 import contextlib
 import inspect
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.fx
@@ -17,6 +18,8 @@ from pipeline.compat.dynamo import (  # noqa: F401  (re-exported: callers import
     mark_dynamic, current_stance, dynamo_compile, graph_break_counts, is_refused_recompile, logger_functions, logging_can_be_ignored,
     max_variants_per_function, recompile_error_types, recompile_limit_hit_count, recompile_limit_hits,
     reset_dynamo, stance, unsupported_error_types)
+from pipeline.compat.tracing import (  # noqa: F401  (re-exported)
+    as_fake, backend_inputs, fake_mode_of, has_effect, is_fake, retrace, traced_as_one_call, tracing_now)
 from pipeline.compat.shapes import (  # noqa: F401  (re-exported)
     guards_suppressed, is_backed, known_equal, replay_shape_guards, same_sizes, shape_facts, shape_guard_count,
     shape_guards_since)
@@ -24,182 +27,10 @@ from pipeline.compat.shapes import (  # noqa: F401  (re-exported)
 TORCH_VERSION = torch.__version__
 
 
-# -- fake tensors and re-tracing ---------------------------------------------------------------
-def fake_mode_of(values: Iterable[Any]):
-    """The FakeTensorMode the given values belong to (or the active tracing context's), or None."""
-    from torch._guards import detect_fake_mode
-    return detect_fake_mode(list(values))
-
-
-def as_fake(values: list, fake_mode=None) -> list:
-    """Fake versions of ``values`` in Dynamo's fake mode (memoized, so symbolic sizes are kept)."""
-    fake_mode = fake_mode or fake_mode_of(values)
-    if fake_mode is None:
-        return list(values)
-    return [fake_mode.from_tensor(v) if isinstance(v, torch.Tensor) and not is_fake(v) else v
-            for v in values]
-
-
-def backend_inputs(gm: torch.fx.GraphModule, example_inputs: list) -> list:
-    """The example inputs a Dynamo backend should trace ``gm`` with: tensors as fakes of the
-    backend's fake mode (their symbolic sizes kept), and each size placeholder as the symbol
-    Dynamo traced it with (Dynamo hands over the real int it saw, which would bake this call's
-    size into every graph traced from it)."""
-    values = as_fake(list(example_inputs))
-    placeholders = list(gm.graph.find_nodes(op="placeholder"))
-    if len(placeholders) != len(values):
-        return values
-    out = []
-    for node, value in zip(placeholders, values):
-        symbol = node.meta.get("example_value", node.meta.get("val"))
-        out.append(symbol if isinstance(symbol, (torch.SymInt, torch.SymFloat, torch.SymBool)) else value)
-    return out
-
-
-def is_fake(value: Any) -> bool:
-    """True for a fake tensor (metadata only, no storage), as Dynamo and ``make_fx`` hand out."""
-    from torch._subclasses.fake_tensor import FakeTensor
-    return isinstance(value, FakeTensor)
-
-
-def retrace(fn: Callable, example_inputs: list, *, decompositions: dict | None = None,
-            functionalize: bool = False, remove: str = "mutations") -> torch.fx.GraphModule:
-    """Trace ``fn`` to an ATen-level FX graph with ``make_fx`` on ``example_inputs`` (fake or real),
-    optionally through functionalization and a decomposition table. Symbolic sizes of fake
-    inputs (and size placeholders given as symbols) stay symbolic in the traced graph.
-
-    Functionalization is torch's Python functionalization (``FunctionalTensorMode``, what
-    AOTAutograd runs; ``torch.func.functionalize`` loses symbolic sizes), with the Python
-    dispatcher on: then ``native_batch_norm`` (whose schema hides its in-place update of the
-    running statistics) traces as ``_native_batch_norm_legit``, whose schema declares it, so the
-    update is functionalized instead of being left as a hidden mutation. Writes into inputs
-    become one ``copy_`` into the input at the end of the graph. ``remove="mutations_and_views"``
-    also turns every view into its ``*_copy`` operator."""
-    from torch.fx.experimental.proxy_tensor import make_fx
-    target = fn
-    dispatcher = contextlib.nullcontext()
-    if functionalize:
-        from torch._dispatch.python import enable_python_dispatcher
-        target = _functionalized(fn)
-        dispatcher = enable_python_dispatcher()
-    fake_mode = fake_mode_of(example_inputs)
-    if fake_mode is None:
-        with dispatcher:
-            traced = make_fx(target, decomposition_table=decompositions or {}, tracing_mode="real")(*example_inputs)
-    else:
-        # Graph constants (folded tensors, buffers kept as attributes) are real tensors; the fake
-        # mode converts them on the fly while tracing.
-        allowed = fake_mode.allow_non_fake_inputs
-        fake_mode.allow_non_fake_inputs = True
-        try:
-            with fake_mode, dispatcher:
-                traced = make_fx(target, decomposition_table=decompositions or {}, tracing_mode="real")(*example_inputs)
-        finally:
-            fake_mode.allow_non_fake_inputs = allowed
-    if functionalize:
-        _drop_effect_tokens(traced)
-    if functionalize and remove == "mutations_and_views":
-        _views_to_copies(traced)
-    return traced
-
-
 def capturing_cuda_graph() -> bool:
     """Whether the current CUDA stream is recording a CUDA graph."""
     return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
 
-
-def traced_as_one_call(target: Callable, args: tuple, run: Callable[[], Any]) -> Any:
-    """While ``make_fx`` traces (a pass re-tracing a graph): record ``target(*args)`` as one graph
-    node whose value is what ``run()`` returns, run without tracing (its operators do not enter
-    the traced graph). Returns :data:`MISS` when nothing is tracing."""
-    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, get_proxy_mode, track_tensor_tree
-    mode = get_proxy_mode()
-    if mode is None:
-        return MISS
-    tracer = mode.tracer
-    with disable_proxy_modes_tracing():
-        out = run()
-    proxy = tracer.create_proxy("call_function", target, tuple(tracer.unwrap_proxy(a) for a in args), {})
-    return track_tensor_tree(out, proxy, constant=None, tracer=tracer)
-
-
-def _functionalized(fn: Callable) -> Callable:
-    """``fn`` run under Python functionalization: in-place ops become out-of-place ones, and an
-    input that was written is updated with one ``copy_`` of its final value. Operators with a
-    declared side effect (``_linalg_check_errors``, ``_print``) are threaded through one effect
-    token per effect type, as AOTAutograd does; :func:`_drop_effect_tokens` turns them back into
-    plain calls in graph order after tracing."""
-    from torch._functorch._aot_autograd.functional_utils import from_fun, has_data_mutation, to_fun
-    from torch._higher_order_ops.effects import _EffectType
-    from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
-
-    def functional(*args: Any) -> Any:
-        tokens = {effect: torch.empty(0) for effect in _EffectType}
-        with FunctionalTensorMode() as mode:
-            wrapped = [to_fun(a) for a in args]
-            mode._tokens.update({effect: to_fun(token) for effect, token in tokens.items()})
-            out = fn(*wrapped)
-        flat, spec = torch.utils._pytree.tree_flatten(out)
-        flat = [from_fun(o) for o in flat]
-        for arg, fun in zip(args, wrapped):
-            if isinstance(fun, FunctionalTensor):
-                torch._sync(fun)
-                if has_data_mutation(fun):
-                    arg.copy_(from_fun(fun))
-        return torch.utils._pytree.tree_unflatten(flat, spec)
-
-    return functional
-
-
-def _drop_effect_tokens(gm: torch.fx.GraphModule) -> None:
-    """Replace every ``with_effects(token, op, *args)`` node by ``op(*args)`` and delete the
-    tokens. The graph keeps the calls in program order, and :func:`has_effect` keeps passes from
-    removing or moving them."""
-    from torch._higher_order_ops.effects import with_effects
-    graph = gm.graph
-    for node in reversed(list(graph.nodes)):     # last first: a token's only users are later calls
-        if node.op != "call_function" or node.target is not with_effects:
-            continue
-        _token, op, *args = node.args
-        with graph.inserting_before(node):
-            call = graph.call_function(op, tuple(args), dict(node.kwargs))
-        call.meta = {k: v for k, v in node.meta.items() if k != "val"}
-        results = len(op._schema.returns)
-        for user in list(node.users):
-            index = user.args[1]
-            if index == 0 or results <= 1:    # a single result (or None) is the call itself
-                user.replace_all_uses_with(call)
-                graph.erase_node(user)
-            else:
-                user.args = (call, index - 1)
-        graph.erase_node(node)
-    for node in reversed(list(graph.nodes)):     # the tokens themselves: empty(0), now unused
-        if node.op == "call_function" and not node.users and node.target is torch.ops.aten.empty.memory_format:
-            graph.erase_node(node)
-    graph.lint()
-    gm.recompile()
-
-
-def has_effect(target: Any) -> bool:
-    """True for operators with a declared side effect (an error check, a print): never removed,
-    merged or moved past one another."""
-    if not isinstance(target, torch._ops.OpOverload):
-        return False
-    from torch._higher_order_ops.effects import _get_effect
-    return _get_effect(target) is not None
-
-
-def _views_to_copies(gm: torch.fx.GraphModule) -> None:
-    """Replace every view operator of ``gm`` by its ``*_copy`` counterpart (``view`` by
-    ``view_copy``), which materializes its result instead of aliasing."""
-    for node in gm.graph.nodes:
-        if node.op != "call_function" or not is_view_op(node.target):
-            continue
-        schema_name = node.target._schema.name.split("::")[-1]
-        copy = resolve_op(f"{node.target.namespace}.{schema_name}_copy.{node.target._overloadname}")
-        if copy is not None:
-            node.target = copy
-    gm.recompile()
 
 
 # -- operators and decomposition tables --------------------------------------------------------
