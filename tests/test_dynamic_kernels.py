@@ -73,7 +73,9 @@ def check_sizes(model, inputs_at, sizes, plan="default"):
     return compiled
 
 
-def test_mlp_batch_sizes_compile_twice_and_run_kernels_per_size():
+def test_mlp_batch_sizes_compile_twice_and_generate_kernels_once():
+    """One size-class kernel per group serves every batch size: the kernels are generated once,
+    when the dynamic graph compiles, with the batch as a size argument."""
     model = MLP().eval()
     sizes = [1, 2, 3, 5, 8, 13, 64, 5]
     compiled = check_sizes(model, lambda n, g: (torch.randn(n, 32, generator=g),), sizes)
@@ -82,7 +84,10 @@ def test_mlp_batch_sizes_compile_twice_and_run_kernels_per_size():
     assert record.metrics["kernels"] >= 2
     seen = record.metrics["size_specializations"]
     assert [list(s.values())[0] for s in seen["sizes"]] == [2, 3, 5, 8, 13, 64]    # 1 has its own graph
-    assert seen["kernels"] == seen["groups"] * len(seen["sizes"])
+    assert seen["builds"] == 1 and seen["kernels"] == seen["classes"] == seen["groups"]
+    assert not seen["per_size_groups"]
+    kernels = record.metrics["contents"]["kernels"]
+    assert all("const int64_t ks" in k["source"] for k in kernels), [k["source"] for k in kernels]
 
 
 def test_encoder_with_padding_mask_over_sequence_lengths():
@@ -95,11 +100,13 @@ def test_encoder_with_padding_mask_over_sequence_lengths():
     assert len(record.metrics["size_specializations"]["sizes"]) == 3    # 24, 40, 56 (16 compiled statically)
 
 
-def test_sizes_past_the_limit_run_the_groups_eagerly_and_still_match():
-    plan = {"extends": "default", "options": {"codegen": {"size_specializations": 2}}}
-    compiled = check_sizes(MLP().eval(), lambda n, g: (torch.randn(n, 32, generator=g),), [2, 3, 4, 5, 6], plan)
+def test_sizes_outside_every_class_past_the_limit_run_the_groups_eagerly_and_still_match():
+    """A batch of 4096 rows crosses the C++ kernels' parallel threshold (another size class); with
+    one build allowed, its groups run eagerly, and the sizes of the first class keep its kernels."""
+    plan = {"extends": "default", "options": {"codegen": {"size_specializations": 1}}}
+    compiled = check_sizes(MLP().eval(), lambda n, g: (torch.randn(n, 32, generator=g),), [2, 3, 4096, 5], plan)
     seen = dynamic_graph(compiled).metrics["size_specializations"]
-    assert len(seen["sizes"]) == 2 and seen["limit"] == 2
+    assert seen["builds"] == 1 and seen["limit"] == 1 and seen["seen"] == 3
 
 
 def test_dynamic_graph_folds_views_and_reuses_buffers_of_symbolic_layouts():

@@ -29,21 +29,36 @@ def _interpreter(request):
     torch._dynamo.reset()
 
 
-def test_mlp_batch_sizes_run_triton_kernels_per_size():
-    compiled = check_sizes(MLP().eval(), lambda n, g: (torch.randn(n, 32, generator=g),), [2, 3, 7, 3], PLAN)
+def test_mlp_batch_sizes_run_one_triton_kernel_per_group_for_every_size():
+    compiled = check_sizes(MLP().eval(), lambda n, g: (torch.randn(n, 32, generator=g),), [2, 3, 7, 3, 100], PLAN)
     assert len(compilation_of(compiled).graphs) == 2
     record = dynamic_graph(compiled)
     backends = {k["backend"] for k in record.metrics["contents"]["kernels"]}
     assert backends == {"triton"} and record.metrics["kernels"] >= 2
-    assert len(record.metrics["size_specializations"]["sizes"]) == 2      # 3 and 7
+    seen = record.metrics["size_specializations"]
+    assert len(seen["sizes"]) == 3 and seen["builds"] == 1 and seen["kernels"] == seen["groups"]
 
 
 def test_block_with_padding_mask_over_sequence_lengths_on_triton():
     compiled = check_sizes(Block().eval(), lambda s, g: (torch.randn(2, s, 32, generator=g), padding_mask(2, s, g)),
-                           [8, 12, 20], PLAN)
+                           [8, 12, 20, 33], PLAN)
     record = dynamic_graph(compiled)
     assert record.metrics["kernels"] >= 3
-    assert len(record.metrics["size_specializations"]["sizes"]) == 2
+    seen = record.metrics["size_specializations"]
+    assert len(seen["sizes"]) == 3 and seen["builds"] == 1
+
+
+def test_size_class_kernels_take_their_sizes_as_arguments_and_compile_for_sm90():
+    """The generated module of a size-class kernel names its size arguments and its grid as a
+    function of them, and Triton compiles it for the H200 (sm_90)."""
+    from passes.codegen.triton.runtime import compile_all_for_sm90
+    compiled = check_sizes(Block().eval(), lambda s, g: (torch.randn(2, s, 32, generator=g), padding_mask(2, s, g)),
+                           [8, 12], PLAN)
+    kernels = dynamic_graph(compiled).metrics["contents"]["kernels"]
+    sources = [k["source"] for k in kernels]
+    assert all("SIZES = ('ks" in s and "GRID = lambda ks" in s for s in sources), sources
+    results = compile_all_for_sm90(sources)
+    assert all(r["cubin_bytes"] > 0 for r in results)
 
 
 def test_module_in_a_fresh_process():

@@ -589,9 +589,9 @@ def test_precompile_submits_each_distinct_kernel_once_under_tritons_async_compil
 
     shared, other = Function(), Function()
 
-    def kernel(function, block=64):
+    def kernel(function, block=64, sizes=()):
         return SimpleNamespace(function=function, device=torch.device("cuda", 0), empty=False,
-                               kwargs={"BLOCK": block, "num_warps": 4}, generated=SimpleNamespace(grid=(8,)))
+                               kwargs={"BLOCK": block, "num_warps": 4}, grid=(8,), size_args=sizes)
 
     f32 = [torch.float32, torch.float32]
     count, _ = precompile([(kernel(shared), f32), (kernel(shared), f32), (kernel(shared, 128), f32),
@@ -599,3 +599,9 @@ def test_precompile_submits_each_distinct_kernel_once_under_tritons_async_compil
     assert count == len(calls) == 4
     assert all(active for *_, active in calls)
     assert calls[0] == (shared, tuple(f32), (8,), {"BLOCK": 64, "num_warps": 4}, True)
+    # Size arguments compile once per specialization Triton makes of them (1, multiples of 16, other).
+    calls.clear()
+    count, _ = precompile([(kernel(shared, sizes=(5,)), f32), (kernel(shared, sizes=(7,)), f32),
+                           (kernel(shared, sizes=(32,)), f32), (kernel(shared, sizes=(1,)), f32)], workers=2)
+    assert count == len(calls) == 3
+    assert calls[0][1] == (*f32, 5)

@@ -10,12 +10,14 @@ tensors. On CPU targets the kernels run only under ``TRITON_INTERPRET=1`` (how C
 otherwise CPU groups stay eager with a note. Triton is imported only when this backend runs.
 
 Backend ``auto``: ``cpp`` for CPU targets, ``triton`` for CUDA targets. Both backends read the
-same :class:`passes.kernel_ir.loops.LoopNest`. Groups a backend cannot compile (dynamic shapes, groups on
+same :class:`passes.kernel_ir.loops.LoopNest`. Groups with symbolic sizes get kernels that take the
+sizes as arguments (passes/codegen/specialize.py). Groups a backend cannot compile (groups on
 another device, unsupported ops) keep running eagerly through their FusedGroup, with the reason in
 the report.
 """
 from __future__ import annotations
 
+import copy
 import ctypes
 import operator
 from typing import Literal
@@ -28,6 +30,7 @@ from pipeline import Pass, PassContext, device_types, non_negative, option
 from passes.kernel_ir.groups import CompiledKernel, FusedGroup, fill_padding, meta_of, output_buffers, output_fills
 from pipeline.cache.graph_io import Codec, UnsupportedGraph
 from passes.kernel_ir.loops import UnsupportedGroup, analyze
+from passes.kernel_ir.symbolic import SizeClass, binding
 from passes.kernel_ir import rules
 
 from .cpp.build import build, digest_path
@@ -83,10 +86,12 @@ class CodegenOptions:
            "before their first launch (0: each kernel compiles at its first launch, one after another).",
         check=non_negative)
     size_specializations: int = option(
-        64, "Groups with symbolic sizes (a graph Dynamo captured with dynamic sizes): the most distinct sizes "
-            "per graph for which their kernels are generated, each the first time it is seen (the compile-time "
-            "sizes when the graph is compiled); later sizes run those groups eagerly. 0: they always run eagerly "
-            "(see passes/codegen/specialize.py).", check=non_negative)
+        64, "Groups with symbolic sizes (a graph Dynamo captured with dynamic sizes) get kernels that take the "
+            "sizes as arguments, each valid for a size class (the sizes that agree with every decision its "
+            "generation took: a block size, a parallel threshold); this is the most times per graph that kernels "
+            "are generated for sizes outside every class so far (the compile-time sizes count as the first); "
+            "later such sizes run those groups eagerly. 0: they always run eagerly (see "
+            "passes/codegen/specialize.py).", check=non_negative)
 
 
 class CppKernel(CompiledKernel):
@@ -101,15 +106,23 @@ class CppKernel(CompiledKernel):
     backend = "cpp"
 
     def __init__(self, group: FusedGroup, source: str, function, inputs: list, outputs: list,
-                 library_source: str = "", library_path: str = ""):
+                 library_source: str = "", library_path: str = "", size_class: SizeClass | None = None):
         super().__init__(group, source)
+        self.size_class = size_class
         self.function = function
-        self.in_strides = tuple(tuple(v.stride()) for v in inputs)
         self.in_dtypes = tuple(v.dtype for v in inputs)
-        self.outputs = [(tuple(v.shape), tuple(v.stride()), v.dtype) for v in outputs]
-        self.fills = output_fills(group, [shape for shape, _, _ in self.outputs])   # output pads' padding
         self.library_source = library_source
         self.library_path = library_path
+        if self.size_class is None:
+            self._layouts(tuple(tuple(v.stride()) for v in inputs),
+                          [(tuple(v.shape), tuple(v.stride()), v.dtype) for v in outputs])
+        else:
+            self.out_dtypes = [v.dtype for v in outputs]
+
+    def _layouts(self, in_strides: tuple, outputs: list) -> None:
+        self.in_strides = in_strides
+        self.outputs = outputs
+        self.fills = output_fills(self.group, [shape for shape, _, _ in outputs])   # output pads' padding
 
     in_place_capable = True     # a pointwise loop loads in[i] before it stores out[i]
     accepts_reuse = True
@@ -121,8 +134,17 @@ class CppKernel(CompiledKernel):
         outs = output_buffers(self.outputs, inputs, donors, reuse, _empty_cpu)
         if self.fills:
             fill_padding(outs, self.fills)
-        self.function(*[t.data_ptr() for t in inputs], *[o.data_ptr() for o in outs])
+        self.function(*[t.data_ptr() for t in inputs], *[o.data_ptr() for o in outs], *self.size_args)
         return outs
+
+    def at(self, binding: dict) -> "CppKernel":
+        """This size-class kernel (one generated for symbolic sizes) called at ``binding``
+        (``{symbol: value}``): the same library function, with those sizes as its arguments."""
+        kernel = copy.copy(self)
+        kernel.size_args = self.size_class.values(binding)
+        in_strides, outputs, _ = self.size_class.layouts(kernel.size_args)
+        kernel._layouts(in_strides, [(shape, stride, dtype) for (shape, stride), dtype in zip(outputs, self.out_dtypes)])
+        return kernel
 
     def to_data(self, codec: Codec) -> dict:
         """Plain data for the compile cache (see :class:`pipeline.cache.graph_io.Describable`)."""
@@ -158,10 +180,11 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _bind_function(library: ctypes.CDLL, name: str, arguments: int):
-    """The library's function ``name`` taking ``arguments`` raw pointers."""
+def _bind_function(library: ctypes.CDLL, name: str, arguments: int, sizes: int = 0):
+    """The library's function ``name`` taking ``arguments`` raw pointers, then ``sizes`` int64
+    size arguments."""
     function = getattr(library, name)
-    function.argtypes = [ctypes.c_void_p] * arguments
+    function.argtypes = [ctypes.c_void_p] * arguments + [ctypes.c_int64] * sizes
     function.restype = None
     return function
 
@@ -180,7 +203,7 @@ class Codegen(Pass):
 
     name = "codegen"
     Options = CodegenOptions
-    version = "19"
+    version = "20"
     cache_material = rules.cache_material   # rules a plugin adds or replaces change the output
     requires = frozenset({"fused"})
     provides = frozenset({"codegen"})
@@ -240,9 +263,10 @@ class Codegen(Pass):
                 context.note(f"{group.name}: runs eagerly: the cpp backend compiles CPU kernels only")
                 continue
             try:
-                nest = analyze(group)
-                source = kernel_source(nest, group.name, emulate_precision=self.options.emulate_precision_casts)
-            except (UnsupportedGroup, NotImplementedError) as exc:
+                with binding(group.decisions):      # a size class of a symbolic group, or nothing
+                    nest = analyze(group)
+                    source = kernel_source(nest, group.name, emulate_precision=self.options.emulate_precision_casts)
+            except (UnsupportedGroup, NotImplementedError, *((TypeError,) if group.decisions is not None else ())) as exc:
                 context.note(f"{group.name}: runs eagerly: {exc}")
                 continue
             planned.append((node, group, nest, source))
@@ -255,9 +279,11 @@ class Codegen(Pass):
         context.note(f"{len(planned)} C++ kernel(s) in {path} ({'cache hit' if hit else 'compiled'})")
         for node, group, nest, source in planned:
             placeholders = [n for n in group.subgraph.graph.nodes if n.op == "placeholder"]
-            function = _bind_function(library, group.name, len(placeholders) + len(nest.outputs))
-            node.target = CppKernel(group, source, function, [meta_of(p) for p in placeholders],
-                                    [meta_of(n) for n, _ in nest.outputs], library_source=library_source,
-                                    library_path=str(path.with_suffix(".so")))
+            inputs, outputs = [meta_of(p) for p in placeholders], [meta_of(n) for n, _ in nest.outputs]
+            size_class = SizeClass.of(nest.decisions, inputs, outputs) if nest.decisions is not None else None
+            function = _bind_function(library, group.name, len(placeholders) + len(nest.outputs),
+                                      len(size_class.symbols) if size_class else 0)
+            node.target = CppKernel(group, source, function, inputs, outputs, library_source=library_source,
+                                    library_path=str(path.with_suffix(".so")), size_class=size_class)
         graph.recompile()
         return graph

@@ -1,19 +1,22 @@
-"""Kernels for fused groups with symbolic sizes: one generated kernel per concrete size seen.
+"""Kernels for fused groups with symbolic sizes: one kernel per size class.
 
 A graph Dynamo captured with symbolic sizes (``s0`` for the batch) keeps them through ``fuse``;
 its groups iterate symbolic domains. ``codegen`` puts a :class:`SizeSpecializedKernel` in place
 of each such group. Called with real tensors, it reads the symbols' values from its inputs' sizes
-(every symbol must be some input's size, exactly), and runs the kernel made for those values: on
-the first call with new values, a :class:`Specializer` shared by the graph's groups binds the
-symbols, rebuilds each group whose symbols are all bound with concrete shapes and generates their
-kernels together, with the backend and options the graph was compiled with (one C++ library, or
-the Triton kernels compiled in parallel). The compile-time sizes (the values Dynamo saw) are made
-when the graph is compiled, so its record counts their kernels.
+(every symbol must be some input's size, exactly) and runs the kernel for those values, which the
+graph's :class:`Specializer` provides:
 
-The graph stays one graph for every size (no recompile); each size class (here: each distinct
-set of values) costs one kernel build the first time, then a dictionary lookup per call. Sizes
-past the plan's ``size_specializations`` run the groups eagerly. Not done: kernels taking sizes
-as run-time arguments (one build for all sizes), and storing such graphs in the compile cache.
+- a *size-class* kernel (passes/kernel_ir/symbolic.py) generated earlier whose facts hold for the
+  values: the same compiled function, called with the sizes as arguments (no generation at all);
+- else the group is generated again as a size class of these values (with every other group of
+  the graph the values determine, together: one C++ library, or the Triton kernels compiled in
+  parallel), with the backend and options the graph was compiled with;
+- a group whose generation cannot keep its sizes symbolic (a split reduction, a size taken as a
+  plain number) is generated for the concrete values instead, as a static group, once per size.
+
+The compile-time sizes (the values Dynamo saw) are generated when the graph is compiled, so its
+record counts their kernels. The graph stays one graph for every size (no recompile). After the
+plan's ``size_specializations`` builds, groups needing a new one run eagerly at those sizes.
 """
 from __future__ import annotations
 
@@ -26,9 +29,13 @@ import torch.fx
 
 from passes.kernel_ir.groups import CompiledKernel, FusedGroup, meta_of
 from passes.kernel_ir.loops import UnsupportedGroup
+from passes.kernel_ir.symbolic import Decisions
 from pipeline import Metric, PassContext, compat
 from pipeline.cache.graph_io import UnsupportedGraph
 from pipeline.errors import PipelineError
+
+
+SIZES_KEPT = 64     # bindings listed in the size_specializations metric
 
 
 def _values(group: FusedGroup) -> list:
@@ -120,7 +127,14 @@ class SizeRuntime:
 
 
 class Specializer:
-    """The symbolic groups of one graph and the kernels made for each set of their sizes."""
+    """The symbolic groups of one graph and the kernels made for their sizes.
+
+    A group's kernels are *size-class* kernels where its sizes can stay symbolic: generated once
+    with the sizes as arguments, for every binding that satisfies the facts its generation relied
+    on (:class:`~passes.kernel_ir.symbolic.SizeClass`); a binding outside every class of the group
+    generates one more. A group whose generation cannot keep its sizes symbolic (an operator or
+    kernel kind that needs them as numbers) gets a kernel per binding instead, as a static group.
+    """
 
     def __init__(self, groups: list[FusedGroup], runtime: SizeRuntime, graph_id: str):
         self.groups = groups
@@ -128,15 +142,21 @@ class Specializer:
         self.graph_id = graph_id
         self.symbols = {g.name: free_symbols(g) for g in groups}
         self.kernels: dict[tuple, Any] = {}      # (group name, values of its symbols) -> kernel or group
-        self.sizes: list[dict] = []              # each binding built, in order
+        self.classes: dict[str, list] = {g.name: [] for g in groups}   # size-class kernels per group
+        self.per_size: set[str] = set()          # groups generated per binding (sizes cannot stay symbolic)
+        self.sizes: list[dict] = []              # each binding seen, in order (the first SIZES_KEPT)
+        self.seen = 0                            # bindings seen
+        self.builds = 0                          # times kernels were generated
+        self.generated = 0                       # kernels generated (size-class and per-binding)
         self.notes: list[str] = []               # what the builds said (groups left eager, libraries)
 
     def key(self, group: FusedGroup, binding: dict) -> tuple:
         return (group.name, tuple(binding[s] for s in sorted(self.symbols[group.name], key=str)))
 
     def kernel(self, group: FusedGroup, binding: dict) -> Any:
-        """The kernel of ``group`` at ``binding`` (building it, and every other group whose sizes
-        the binding determines, when it is new); the group itself once the limit is reached."""
+        """The kernel of ``group`` at ``binding``: a size-class kernel's call at those sizes, or one
+        made for them (with every other group whose sizes the binding determines); the group itself
+        once the limit of builds is reached."""
         key = self.key(group, binding)
         found = self.kernels.get(key)
         if found is not None:
@@ -145,28 +165,60 @@ class Specializer:
         # against a compile running in another thread (it also serializes this graph's builds).
         with compat.compile_lock():
             if key not in self.kernels:
-                self._build(binding)
+                self._provide(binding)
             return self.kernels[key]
 
-    def _build(self, binding: dict) -> None:
+    def _provide(self, binding: dict) -> None:
         pending = [g for g in self.groups if self.symbols[g.name] <= set(binding)
                    and self.key(g, binding) not in self.kernels]
-        if len(self.sizes) >= self.runtime.limit:
-            for group in pending:
+        self.seen += 1
+        if len(self.sizes) < SIZES_KEPT:
+            self.sizes.append({str(s): v for s, v in binding.items()})
+        missing = []
+        for group in pending:
+            kernel = next((k.at(binding) for k in self.classes[group.name]
+                           if k.size_class.fits(k.size_class.values(binding))), None)
+            if kernel is None:
+                missing.append(group)
+            else:
+                self.kernels[self.key(group, binding)] = kernel
+        if missing:
+            self._build(binding, missing)
+        if self.runtime.context is not None:
+            self.runtime.context.set_metric("size_specializations", self.summary())
+
+    def _build(self, binding: dict, groups: list[FusedGroup]) -> None:
+        if self.builds >= self.runtime.limit:
+            for group in groups:
                 self.kernels[self.key(group, binding)] = group
             return
+        self.builds += 1
+        symbolic = [g for g in groups if g.name not in self.per_size]
+        left = [g for g in groups if g.name in self.per_size]
+        if symbolic:
+            left += self._generate(binding, symbolic, per_binding=False)
+        if left:
+            self._generate(binding, left, per_binding=True)
+
+    def _generate(self, binding: dict, groups: list[FusedGroup], *, per_binding: bool) -> list[FusedGroup]:
+        """Generate ``groups`` for ``binding``: as size classes, or (``per_binding``) for these
+        concrete sizes. Returns the groups whose size-class generation failed."""
         graph = torch.fx.Graph()
         nodes = []
-        for group in pending:
-            try:
-                concrete = concrete_group(group, binding)
-            except (UnsupportedGroup, RuntimeError) as exc:
-                self.kernels[self.key(group, binding)] = group
-                self.notes.append(f"{group.name}: runs eagerly at {_spelled(binding)}: {exc}")
-                continue
-            count = len(concrete.subgraph.graph.find_nodes(op="placeholder"))
+        for group in groups:
+            if per_binding:
+                try:
+                    made = concrete_group(group, binding)
+                except (UnsupportedGroup, RuntimeError) as exc:
+                    self.kernels[self.key(group, binding)] = group
+                    self.notes.append(f"{group.name}: runs eagerly at {_spelled(binding)}: {exc}")
+                    continue
+            else:
+                own = {s: binding[s] for s in self.symbols[group.name]}
+                made = attrs.evolve(group, decisions=Decisions(own))
+            count = len(made.subgraph.graph.find_nodes(op="placeholder"))
             inputs = tuple(graph.placeholder(f"{group.name}_in{k}") for k in range(count))
-            nodes.append((group, graph.call_function(concrete, inputs)))
+            nodes.append((group, graph.call_function(made, inputs)))
         graph.output(tuple(n for _, n in nodes))
         module = torch.fx.GraphModule(torch.nn.Module(), graph)
         notes = PassContext(self.graph_id, self.runtime.target, [], cache=self.runtime.cache, current_pass="codegen")
@@ -176,18 +228,39 @@ class Specializer:
             names = ", ".join(g.name for g, _ in nodes)
             raise PipelineError(f"codegen: generating the kernels of {self.graph_id} ({names}) for the sizes "
                                 f"{_spelled(binding)} failed: {type(exc).__name__}: {exc}") from exc
+        failed = []
         for group, node in nodes:
-            made = node.target if isinstance(node.target, CompiledKernel) else group
-            self.kernels[self.key(group, binding)] = made
-        self.sizes.append({str(s): v for s, v in binding.items()})
-        self.notes.extend(n["message"] for n in notes.notes)
-        if self.runtime.context is not None:
-            self.runtime.context.set_metric("size_specializations", self.summary())
+            made = node.target
+            compiled = isinstance(made, CompiledKernel)
+            if per_binding:
+                self.kernels[self.key(group, binding)] = made if compiled else group
+            elif compiled and made.size_class is not None:
+                self.classes[group.name].append(made)
+                self.kernels[self.key(group, binding)] = made.at(binding)
+                if made.size_class.exact:
+                    self.notes.append(f"{group.name}: its kernel holds for one size only: "
+                                      + "; ".join(made.size_class.exact))
+            else:
+                failed.append(group)
+                self.per_size.add(group.name)
+                continue
+            self.generated += compiled
+        messages = [n["message"] for n in notes.notes]
+        if not per_binding:     # why a group's sizes could not stay symbolic (it is then made per size)
+            messages = [m.replace(": runs eagerly: ", ": kernels per size (sizes cannot stay symbolic): ", 1)
+                        for m in messages]
+        self.notes.extend(messages)
+        return failed
 
     def summary(self) -> dict:
-        """The sizes built so far and how many of the groups have kernels at each."""
-        return {"groups": len(self.groups), "sizes": list(self.sizes), "limit": self.runtime.limit,
-                "kernels": sum(isinstance(k, CompiledKernel) for k in self.kernels.values())}
+        """Sizes seen, builds, and the kernels made: size-class kernels per group and the groups
+        made per size."""
+        return {"groups": len(self.groups), "sizes": list(self.sizes), "seen": self.seen, "builds": self.builds,
+                "limit": self.runtime.limit, "kernels": self.generated,
+                "classes": sum(len(k) for k in self.classes.values()),
+                "per_size_groups": sorted(self.per_size),
+                "facts": {name: [list(k.size_class.facts) for k in kernels]
+                          for name, kernels in self.classes.items() if kernels}}
 
 
 def _spelled(binding: dict) -> str:

@@ -18,7 +18,7 @@ import torch.fx
 from . import rules
 # Node facts live in .nodes; they are re-exported here, where plugins have always read them.
 from .nodes import (CONSTANTS, FLOAT_TYPES, IOTAS, PAD, REDUCTIONS, SOURCES, UNIT_RESHAPES, meta_of,  # noqa: F401
-                    packet_name, promoted_dtype, value_dtype)
+                    packet_name, promoted_dtype, shape_of, value_dtype)
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -113,7 +113,7 @@ def iota_of(node: Any) -> Iota | None:
     if not isinstance(value, torch.Tensor) or value.dtype.is_floating_point or value.dtype == torch.bool:
         return None
     name = packet_name(node.target)
-    shape = tuple(value.shape)
+    shape = shape_of(node)
     if name in IOTAS:
         if name == "prims.iota":
             start, step = node.kwargs.get("start"), node.kwargs.get("step")
@@ -136,7 +136,7 @@ def iota_of(node: Any) -> Iota | None:
     inner = iota_of(node.args[0])
     if inner is None or inner.axis is None:
         return inner if inner is None else Iota(inner.start, inner.step, None)
-    source = tuple(meta_of(node.args[0]).shape)
+    source = shape_of(node.args[0])
     if name == "aten.expand":
         axis = len(shape) - len(source) + inner.axis
     elif name == "prims.broadcast_in_dim":
@@ -178,6 +178,9 @@ class FusedGroup:
     domain: tuple
     reduced: tuple[int, ...] = ()
     reasons: list = attrs.field(factory=list)
+    # Set on a copy of a group with symbolic sizes that is to be generated for the size class of
+    # one binding (passes/codegen/specialize.py): a passes.kernel_ir.symbolic.Decisions.
+    decisions: Any = attrs.field(default=None, repr=False)
 
     @property
     def kind(self) -> str:
@@ -247,10 +250,10 @@ def node_level(node: torch.fx.Node, levels: dict, domain: tuple, reduced: tuple[
     its shape is a reduced shape; otherwise it is full, recomputed per domain element. A full node
     may read an outer value only where eager broadcasting lines the value up with the kept axes.
     """
-    shape = tuple(meta_of(node).shape)
+    shape = shape_of(node)
     if packet_name(node.target) == PAD:
         source = node.args[0]
-        if end_padding(node) is None or levels.get(source) != "full" or tuple(meta_of(source).shape) != tuple(domain):
+        if end_padding(node) is None or levels.get(source) != "full" or shape_of(source) != tuple(domain):
             return None, "pads something other than a full-domain value of the group at its end"
         return "full", ""
     if iota_of(node) is not None and outer_axis_map(shape, domain, reduced) is None:
@@ -260,7 +263,7 @@ def node_level(node: torch.fx.Node, levels: dict, domain: tuple, reduced: tuple[
         return "full", ""
     if packet_name(node.target) in REDUCTIONS:
         source = node.args[0]
-        if tuple(meta_of(source).shape) != tuple(domain) or reduction_axes(node) != tuple(reduced):
+        if shape_of(source) != tuple(domain) or reduction_axes(node) != tuple(reduced):
             return None, "reduces other axes or another shape than the group"
         if levels.get(source, "full") != "full":
             return None, f"reduces {source.name}, which is not a full-domain value"
@@ -271,8 +274,8 @@ def node_level(node: torch.fx.Node, levels: dict, domain: tuple, reduced: tuple[
     if not broadcasts_to(shape, domain):
         return None, f"shape {shape} is neither the group's domain {tuple(domain)}, nor broadcasts to it, nor is its reduced shape"
     for arg in node.all_input_nodes:
-        if levels.get(arg) == "outer" and not _lines_up(tuple(meta_of(arg).shape), domain, reduced):
-            return None, f"reads reduced value {arg.name} of shape {tuple(meta_of(arg).shape)} broadcast along other axes"
+        if levels.get(arg) == "outer" and not _lines_up(shape_of(arg), domain, reduced):
+            return None, f"reads reduced value {arg.name} of shape {shape_of(arg)} broadcast along other axes"
     return "full", ""
 
 
@@ -341,6 +344,11 @@ class CompiledKernel:
     #: of exactly that output's layout to write into instead of allocating (the generated host
     #: code passes one where a tensor died before the call, see passes/codegen/host.py).
     accepts_reuse: bool = False
+    #: A kernel generated for symbolic sizes (see :mod:`passes.kernel_ir.symbolic`): the size
+    #: class it holds for; such a kernel is called through ``at(binding)``, which returns the
+    #: kernel for those sizes (``size_args``: the values it passes as its size arguments).
+    size_class: Any = None
+    size_args: tuple = ()
 
     def __init__(self, group: FusedGroup, source: str):
         self.group = group

@@ -1,6 +1,6 @@
 """Loop-level analysis of a :class:`FusedGroup`, shared by the code generation backends.
 
-It answers, for static shapes: which domain axes the kernel loops over (after merging axes that
+It answers, for static shapes (or symbolic ones read as :class:`~.symbolic.Dim` values): which domain axes the kernel loops over (after merging axes that
 every access walks contiguously), the level and pass of every node (multi-pass row kernels for
 softmax-like groups), and how each input and output is addressed (one stride per loop axis, 0 for
 broadcast axes; an output pad, see :data:`passes.kernel_ir.groups.PAD`, by the padded buffer's strides
@@ -12,7 +12,8 @@ import attrs
 import torch
 import torch.fx
 
-from .nodes import static_sizes
+from .nodes import known_sizes, shape_of, strides_of
+from .symbolic import Decisions, active, has_dims, sizes
 from .groups import (REDUCTIONS, UNIT_RESHAPES, FusedGroup, broadcasts_to, end_padding, group_levels, iota_of,
                     meta_of, outer_axis_map, packet_name)
 
@@ -52,6 +53,9 @@ class LoopNest:
     outputs: list[tuple[torch.fx.Node, Access]]
     passes: int
     ramps: dict = attrs.field(factory=dict)     # index-ramp node -> Ramp (computed, never loaded)
+    # With symbolic sizes (Dim values in sizes and strides): the decisions taken about them, which
+    # the kernel's size class is made of (passes/kernel_ir/symbolic.py); None for static sizes.
+    decisions: Decisions | None = None
 
     @property
     def outer_axes(self) -> list[int]:
@@ -87,11 +91,13 @@ def _strides_for(shape: tuple, strides: tuple, consumer_shape: tuple | None, dom
 
 
 def analyze(group: FusedGroup) -> LoopNest:
-    """Loop structure of ``group`` (raises :class:`UnsupportedGroup` for dynamic shapes)."""
+    """Loop structure of ``group``. Symbolic sizes are analyzed as :class:`~.symbolic.Dim` values
+    inside a :func:`~.symbolic.binding` (the nest then records the decisions it took about them,
+    ``LoopNest.decisions``); outside one they raise :class:`UnsupportedGroup`."""
     graph = group.subgraph.graph
-    domain = tuple(group.domain)
+    domain = sizes(group.domain)
     reduced = tuple(group.reduced)
-    if not static_sizes(domain):
+    if not known_sizes(domain):
         raise UnsupportedGroup(f"dynamic domain {domain}")
     nodes = [n for n in graph.nodes if n.op == "call_function"]
     output_node = next(n for n in graph.nodes if n.op == "output")
@@ -118,36 +124,36 @@ def analyze(group: FusedGroup) -> LoopNest:
     raw_loads: dict = {}
     for node in nodes:
         reads_full = packet_name(node.target) in REDUCTIONS or level[node] == "full"
-        consumer_shape = None if reads_full else tuple(meta_of(node).shape)
+        consumer_shape = None if reads_full else shape_of(node)
         for arg in node.all_input_nodes:
             if arg.op != "placeholder":
                 continue
             value = meta_of(arg)
             if not isinstance(value, torch.Tensor):
                 raise UnsupportedGroup(f"input {arg.name} is not a tensor")
-            if not (static_sizes(value.shape) and static_sizes(value.stride())):
+            shape, strides = shape_of(arg), strides_of(arg)
+            if not (known_sizes(shape) and known_sizes(strides)):
                 raise UnsupportedGroup(f"input {arg.name} has dynamic shape or strides")
-            raw_loads[(arg, node)] = _strides_for(tuple(value.shape), tuple(value.stride()), consumer_shape,
-                                                  domain, reduced)
+            raw_loads[(arg, node)] = _strides_for(shape, strides, consumer_shape, domain, reduced)
     raw_outputs = []
     for out in output_node.args[0]:
-        value = meta_of(out)
-        if not (static_sizes(value.shape) and static_sizes(value.stride())):
+        shape, strides = shape_of(out), strides_of(out)
+        if not (known_sizes(shape) and known_sizes(strides)):
             raise UnsupportedGroup(f"output {out.name} has dynamic shape or strides")
-        consumer_shape = None if level[out] == "full" else tuple(value.shape)
-        if level[out] == "full" and tuple(value.shape) != domain and end_padding(out) is None:
+        consumer_shape = None if level[out] == "full" else shape
+        if level[out] == "full" and shape != domain and end_padding(out) is None:
             raise UnsupportedGroup(f"output {out.name} is broadcast to the domain; it would be written repeatedly")
-        raw_outputs.append((out, _strides_for(tuple(value.shape), tuple(value.stride()), consumer_shape,
-                                              domain, reduced)))
+        raw_outputs.append((out, _strides_for(shape, strides, consumer_shape, domain, reduced)))
     pinned = {a for a in ramp_axes.values() if a is not None}
-    sizes, red, loads, outputs, origin = _merge_axes(list(domain), reduced, raw_loads, raw_outputs, pinned)
+    loop_sizes, red, loads, outputs, origin = _merge_axes(list(domain), reduced, raw_loads, raw_outputs, pinned)
     ramps = {}
     for node, axis in ramp_axes.items():
         ramp = iota_of(node)
         ramps[node] = Ramp(ramp.start, ramp.step, None if axis is None else origin.index(axis))
-    return LoopNest(group=group, sizes=tuple(sizes), reduced=tuple(red), nodes=nodes, level=level,
+    return LoopNest(group=group, sizes=tuple(loop_sizes), reduced=tuple(red), nodes=nodes, level=level,
                     pass_of=pass_of, loads={k: Access(tuple(v)) for k, v in loads.items()},
-                    outputs=[(n, Access(tuple(s))) for n, s in outputs], passes=passes, ramps=ramps)
+                    outputs=[(n, Access(tuple(s))) for n, s in outputs], passes=passes, ramps=ramps,
+                    decisions=active() if has_dims((loop_sizes, list(loads.values()), outputs)) else None)
 
 
 def _ramp_domain_axis(node: torch.fx.Node, level: str, domain: tuple, reduced: tuple):
@@ -157,7 +163,7 @@ def _ramp_domain_axis(node: torch.fx.Node, level: str, domain: tuple, reduced: t
     ramp = iota_of(node)
     if ramp is None or ramp.axis is None:
         return None
-    shape = tuple(meta_of(node).shape)
+    shape = shape_of(node)
     if level == "outer":
         return outer_axis_map(shape, domain, reduced)[ramp.axis]
     if not broadcasts_to(shape, domain):

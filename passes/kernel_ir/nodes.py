@@ -9,6 +9,8 @@ import torch.fx
 
 from pipeline import compat
 
+from .symbolic import Dim, sizes
+
 aten = torch.ops.aten
 prims = torch.ops.prims
 
@@ -52,6 +54,23 @@ def packet_name(target: Any) -> str:
 def static_sizes(sizes: Any) -> bool:
     """True when every size in ``sizes`` is a plain int (none is symbolic)."""
     return all(isinstance(s, int) for s in sizes)
+
+
+def known_sizes(sizes: Any) -> bool:
+    """True when every size in ``sizes`` is an int or a :class:`~.symbolic.Dim` (a symbolic size
+    read inside a binding): sizes a kernel can be generated for."""
+    return all(isinstance(s, (int, Dim)) for s in sizes)
+
+
+def shape_of(value: Any) -> tuple:
+    """The shape of a node's example value (or of a tensor), symbolic sizes as
+    :class:`~.symbolic.Dim` values inside a :func:`~.symbolic.binding`."""
+    return sizes(meta_of(value).shape)
+
+
+def strides_of(value: Any) -> tuple:
+    """The strides of a node's example value, like :func:`shape_of`."""
+    return sizes(meta_of(value).stride())
 
 
 def meta_of(value: Any) -> Any:

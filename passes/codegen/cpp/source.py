@@ -4,6 +4,8 @@ Layout of a generated kernel: one parallel loop over the outer (kept) axes; for 
 sequence of passes over the reduced axes (each pass recomputes the pointwise prologue it needs
 from the loads and accumulates its reductions in fp32), outer-level epilogue code between passes,
 and stores at the level each output lives on. The innermost loop carries ``#pragma omp simd``.
+A nest with symbolic sizes takes their values as trailing ``int64_t`` arguments (``ks0``) and
+spells loop bounds and strides as expressions of them.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import torch.fx
 from passes.kernel_ir import rules
 from passes.kernel_ir.groups import CONSTANTS, REDUCTIONS, constant_value, meta_of, packet_name
 from passes.kernel_ir.loops import LoopNest, Ramp, closure
+from passes.kernel_ir.symbolic import render, symbol_name
 
 from .ops import C_STORAGE, CppEmitter, compute_type, literal, load_expr, round_to, store_expr
 
@@ -148,6 +151,11 @@ def ramp_expr(ramp: Ramp, ctype: str) -> str:
     return f"(({ctype})({index}))"
 
 
+def c_size(size) -> str:
+    """A size or stride (an int or a symbolic :class:`~passes.kernel_ir.symbolic.Dim`) in C."""
+    return render(size, "c")
+
+
 def later_roots_of(later: list) -> set:
     return {root for _, _, roots in later for root in roots}
 
@@ -182,7 +190,7 @@ class KernelWriter:
                 continue
             if level == "outer" and axis in self.nest.reduced:
                 continue
-            terms.append(f"i{axis}" if stride == 1 else f"i{axis} * INT64_C({stride})")
+            terms.append(f"i{axis}" if stride == 1 else f"i{axis} * {c_size(stride)}")
         return " + ".join(terms) or "0"
 
     def operand(self, consumer: torch.fx.Node, level: str):
@@ -233,10 +241,10 @@ class KernelWriter:
         sizes = self.nest.sizes
         for position, axis in enumerate(axes):
             inner = math.prod(sizes[a] for a in axes[position + 1:])
-            expr = flat if len(axes) == 1 else (f"{flat} / INT64_C({inner})" if position == 0 else
-                                                f"({flat} / INT64_C({inner})) % INT64_C({sizes[axis]})")
+            expr = flat if len(axes) == 1 else (f"{flat} / {c_size(inner)}" if position == 0 else
+                                                f"({flat} / {c_size(inner)}) % {c_size(sizes[axis])}")
             if position == len(axes) - 1 and len(axes) > 1:
-                expr = f"{flat} % INT64_C({sizes[axis]})"
+                expr = f"{flat} % {c_size(sizes[axis])}"
             self.emit(depth, f"const int64_t i{axis} = {expr};")
 
     def store(self, depth: int, node: torch.fx.Node, strides: tuple[int, ...], level: str) -> None:
@@ -264,6 +272,8 @@ class KernelWriter:
                   for i, p in enumerate(self.placeholders)]
         params += [f"{C_STORAGE[meta_of(n).dtype]}* __restrict__ out{k}"
                    for k, (n, _) in enumerate(self.nest.outputs)]
+        if self.nest.decisions is not None:     # symbolic sizes: their values are arguments
+            params += [f"const int64_t {symbol_name(s)}" for s in self.nest.decisions.symbols]
         self.emit(0, f'extern "C" void {self.name}({", ".join(params)}) {{')
         if self.nest.group.reduced or any(packet_name(n.target) in REDUCTIONS for n in self.nest.nodes):
             self.write_reduction()
@@ -280,7 +290,7 @@ class KernelWriter:
         if len(sizes) <= 1:
             n = sizes[0] if sizes else 1
             self.emit(1, "#pragma omp parallel for simd schedule(static)" if parallel else "#pragma omp simd")
-            self.emit(1, f"for (int64_t i0 = 0; i0 < INT64_C({n}); ++i0) {{")
+            self.emit(1, f"for (int64_t i0 = 0; i0 < {c_size(n)}; ++i0) {{")
             self.body_pointwise(2)
             self.emit(1, "}")
             return
@@ -288,10 +298,10 @@ class KernelWriter:
         last = len(sizes) - 1
         if parallel:
             self.emit(1, "#pragma omp parallel for schedule(static)")
-        self.emit(1, f"for (int64_t o = 0; o < INT64_C({math.prod(sizes[:-1])}); ++o) {{")
+        self.emit(1, f"for (int64_t o = 0; o < {c_size(math.prod(sizes[:-1]))}; ++o) {{")
         self.decompose(2, "o", outer_axes)
         self.emit(2, "#pragma omp simd")
-        self.emit(2, f"for (int64_t i{last} = 0; i{last} < INT64_C({sizes[last]}); ++i{last}) {{")
+        self.emit(2, f"for (int64_t i{last} = 0; i{last} < {c_size(sizes[last])}; ++i{last}) {{")
         self.body_pointwise(3)
         self.emit(2, "}")
         self.emit(1, "}")
@@ -310,7 +320,7 @@ class KernelWriter:
         red_total = math.prod(nest.sizes[a] for a in red)
         if outer_total * red_total >= PARALLEL_MIN_REDUCED_ELEMENTS and outer_total > 1:
             self.emit(1, "#pragma omp parallel for schedule(static)")
-        self.emit(1, f"for (int64_t o = 0; o < INT64_C({outer_total}); ++o) {{")
+        self.emit(1, f"for (int64_t o = 0; o < {c_size(outer_total)}; ++o) {{")
         if outer:
             self.decompose(2, "o", outer)
         full_nodes = [n for n in nest.nodes if nest.level[n] == "full"]
@@ -325,7 +335,9 @@ class KernelWriter:
                 self.emit(2, f"{ct}* const {buffer} = out{self.output_index(in_outputs[buffer])} + "
                              f"({self.offset(strides, 'outer')});")
             else:
-                self.emit(2, f"{ct} {buffer}[{red_total}];")
+                # A symbolic row is at most ROW_CACHE_MAX long (pass_plan decided so): a buffer
+                # of that length serves every size of the class.
+                self.emit(2, f"{ct} {buffer}[{red_total if isinstance(red_total, int) else ROW_CACHE_MAX}];")
         for p in range(nest.passes + 1):
             for node in outer_nodes:
                 if nest.pass_of[node] == p:
@@ -342,7 +354,7 @@ class KernelWriter:
             pragma = self.simd_pragma(these)
             if pragma:
                 self.emit(2, pragma)
-            self.emit(2, f"for (int64_t r = 0; r < INT64_C({red_total}); ++r) {{")
+            self.emit(2, f"for (int64_t r = 0; r < {c_size(red_total)}; ++r) {{")
             if red:
                 self.decompose(3, "r", red)
             saved = dict(self.var)

@@ -11,6 +11,7 @@ import torch.fx
 
 from passes.kernel_ir.groups import FusedGroup, meta_of
 from passes.kernel_ir.loops import UnsupportedGroup, analyze
+from passes.kernel_ir.symbolic import SizeClass, binding
 
 from .autotune import candidate_blocks
 from .pitch import pitch_nest
@@ -57,14 +58,21 @@ def generate(graph: torch.fx.GraphModule, context: Any, *, emulate_precision: bo
         if reason:
             context.note(f"{group.name}: runs eagerly: {reason}")
             continue
+        symbolic = group.decisions is not None      # generated for a size class (passes/codegen/specialize.py)
         try:
-            nest = TritonNest.of(analyze(group))
-            exact = pitch_nest(nest) if pitch_rows else None
-            if exact is not None:
-                nest, exact = exact, nest
-            row = math.prod(nest.sizes[a] for a in nest.reduced)
-            nest.aten_statistics = eager_norm_statistics and bool(nest.reduced) and row <= eager_norm_max_row
-            split = split_plan(nest) if split_reductions else None
+            with binding(group.decisions):
+                nest = TritonNest.of(analyze(group))
+                # Pitched rows serve pad-mm's static padding; a size class runs the exact kernel.
+                exact = pitch_nest(nest) if pitch_rows and not symbolic else None
+                if exact is not None:
+                    nest, exact = exact, nest
+                row = math.prod(nest.sizes[a] for a in nest.reduced)
+                nest.aten_statistics = eager_norm_statistics and bool(nest.reduced) and row <= eager_norm_max_row
+                split = split_plan(nest) if split_reductions else None
+                if split is None:
+                    generated = kernel_source(nest, emulate_precision=emulate_precision)
+                elif symbolic:
+                    raise UnsupportedGroup(f"a split reduction ({split.count} chunks) is made for static sizes")
             if split is not None:
                 node.target, stages = build_split_kernel(group, nest, split, emulate_precision=emulate_precision,
                                                          directory=directory, persistent=persistent,
@@ -74,11 +82,10 @@ def generate(graph: torch.fx.GraphModule, context: Any, *, emulate_precision: bo
                 if device.type == "cuda" and not interpret:
                     cuda_kernels.extend(stages)
                 continue
-            generated = kernel_source(nest, emulate_precision=emulate_precision)
-        except (UnsupportedGroup, NotImplementedError) as exc:
+        except (UnsupportedGroup, NotImplementedError, *((TypeError,) if symbolic else ())) as exc:
             context.note(f"{group.name}: runs eagerly: {exc}")
             continue
-        if autotune and device.type == "cuda" and not interpret:
+        if autotune and device.type == "cuda" and not interpret and not symbolic:
             from .autotune import tune
 
             def jitted(source: TritonSource):
@@ -104,12 +111,17 @@ def generate(graph: torch.fx.GraphModule, context: Any, *, emulate_precision: bo
                        "padded_outputs": tuple(outputs.index(n) for n in nest.pitch.outputs)}
             context.note(f"{group.name}: rows run over their padded extent {nest.pitch.extent} "
                          f"(of {nest.pitch.size})")
-        kernel = TritonKernel(group, generated, module, path, *arguments, **pitched)
-        kernel.alternatives = _other_launch_shapes(nest, generated, emulate_precision, directory, persistent)
+        if symbolic:    # a size-class kernel: the Specializer calls it through at(binding)
+            size_class = SizeClass.of(nest.decisions, *arguments, launch=generated.grid)
+            kernel = TritonKernel(group, generated, module, path, *arguments, size_class=size_class)
+        else:
+            kernel = TritonKernel(group, generated, module, path, *arguments, **pitched)
+            kernel.alternatives = _other_launch_shapes(nest, generated, emulate_precision, directory, persistent)
         node.target = kernel
         made, hits = made + 1, hits + hit
         if device.type == "cuda" and not interpret:
-            cuda_kernels.append((kernel, [v.dtype for v in arguments[0] + arguments[1]]))
+            cuda_kernels.append((kernel.at(group.decisions.binding) if symbolic else kernel,
+                                 [v.dtype for v in arguments[0] + arguments[1]]))
     if made:
         context.note(f"{made} Triton kernel(s) in {kernel_dir(directory, persistent=persistent)} ({hits} cache hit(s))"
                      + (" run by the Triton interpreter" if interpret else ""))

@@ -43,12 +43,15 @@ def precompile(kernels: list[tuple[Any, list[torch.dtype]]], workers: int) -> tu
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="triton-compile") as pool:
         with AsyncCompileMode(pool, ignore_errors=True):
             for kernel, dtypes in kernels:
-                key = (id(kernel.function), kernel.device, tuple(dtypes), tuple(sorted(kernel.kwargs.items())))
+                # Size arguments (a size-class kernel at one binding) specialize the binary too.
+                sizes = tuple((v == 1, v % 16 == 0) for v in kernel.size_args)
+                key = (id(kernel.function), kernel.device, tuple(dtypes), tuple(sorted(kernel.kwargs.items())), sizes)
                 if key in seen or kernel.empty:
                     continue
                 seen.add(key)
                 with _on_device(kernel.device):
-                    pending.append(kernel.function.warmup(*dtypes, grid=kernel.generated.grid, **kernel.kwargs))
+                    pending.append(kernel.function.warmup(*dtypes, *kernel.size_args, grid=kernel.grid,
+                                                          **kernel.kwargs))
         build_launchers([getattr(p, "kernel", p) for p in pending], pool)
     return len(seen), time.perf_counter() - started
 

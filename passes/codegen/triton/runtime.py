@@ -15,6 +15,7 @@ interpreted kernels cannot compile for a GPU any more (the interpreter patches
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib.util
 import os
@@ -152,22 +153,41 @@ class TritonKernel(CompiledKernel):
 
     def __init__(self, group: FusedGroup, generated: TritonSource, module: ModuleType, path: Path,
                  inputs: list, outputs: list, *, exact: "TritonKernel | None" = None, covers: tuple = (),
-                 padded_outputs: tuple = ()):
+                 padded_outputs: tuple = (), size_class: Any = None):
         super().__init__(group, generated.source)
+        self.size_class = size_class
         self._pitched(exact, covers, padded_outputs)
-        self._setup(generated, module, path, in_strides=tuple(tuple(v.stride()) for v in inputs),
-                    device=(inputs or outputs)[0].device,
-                    outputs=[(tuple(v.shape), tuple(v.stride()), v.dtype) for v in outputs])
+        device = (inputs or outputs)[0].device
+        if size_class is None:
+            self._setup(generated, module, path, in_strides=tuple(tuple(v.stride()) for v in inputs), device=device,
+                        outputs=[(tuple(v.shape), tuple(v.stride()), v.dtype) for v in outputs])
+        else:       # layouts and grid come with a binding: see at()
+            self.out_dtypes = [v.dtype for v in outputs]
+            self._setup(generated, module, path, in_strides=(), device=device, outputs=[], grid=(0,))
+
+    def at(self, binding: dict) -> "TritonKernel":
+        """This size-class kernel (generated for symbolic sizes) at ``binding`` (``{symbol:
+        value}``): the same jitted function, launched with those sizes as its size arguments on the
+        grid they give. Triton compiles one binary per specialization of the size arguments (a
+        value of 1, a multiple of 16, other) at the first launch that needs it."""
+        kernel = copy.copy(self)
+        kernel.size_args = self.size_class.values(binding)
+        in_strides, outputs, grid = self.size_class.layouts(kernel.size_args)
+        kernel._setup(self.generated, self.module, self.path, in_strides=in_strides, device=self.device,
+                      outputs=[(shape, stride, dtype) for (shape, stride), dtype in zip(outputs, self.out_dtypes)],
+                      grid=tuple(grid))
+        return kernel
 
     def _setup(self, generated: TritonSource, module: ModuleType, path: Path, *, in_strides: tuple,
-               device: torch.device, outputs: list) -> None:
+               device: torch.device, outputs: list, grid: tuple | None = None) -> None:
         self.generated = generated
         self.module = module
         self.path = path
         self.function = module.KERNEL
-        self.launch = self.function[generated.grid]
+        self.grid = generated.grid if grid is None else grid
+        self.launch = self.function[self.grid]
         self.kwargs = dict(generated.constexprs, **generated.launch_options())
-        self.empty = generated.grid[0] == 0 or not outputs    # nothing to compute or nothing to store
+        self.empty = self.grid[0] == 0 or not outputs    # nothing to compute or nothing to store
         self.in_strides = in_strides
         self.device = device
         self.outputs = outputs
@@ -288,7 +308,7 @@ class TritonKernel(CompiledKernel):
         if self.empty:
             return outs
         if device.type != "cuda":
-            self.launch(*inputs, *outs, **self.kwargs)
+            self.launch(*inputs, *outs, *self.size_args, **self.kwargs)
             return outs
         index = device.index if device.index is not None else torch.cuda.current_device()
         with torch.cuda.device(index):
@@ -307,7 +327,7 @@ class TritonKernel(CompiledKernel):
         expanded = False
         while True:
             try:
-                compiled = self.launch(*inputs, *outs, **self.kwargs)
+                compiled = self.launch(*inputs, *outs, *self.size_args, **self.kwargs)
                 if first_error is not None:
                     warnings.warn(f"triton could not compile kernel {self.generated.name} with its first launch "
                                   f"shape ({first_error}); it runs with BLOCK/XBLOCK/RBLOCK "
@@ -341,10 +361,10 @@ class TritonKernel(CompiledKernel):
         if compiled is None or not (hasattr(enter, "calls") and hasattr(leave, "calls")):
             return                  # a Triton without hook chains: keep its own launch path
         names = list(self.function.arg_names)
-        positional = len(self.in_strides) + len(self.outputs)
+        positional = len(self.in_strides) + len(self.outputs) + len(self.size_args)
         defaults = {p.name: p.default for p in self.function.params}
-        tail = tuple(self.kwargs.get(name, defaults.get(name)) for name in names[positional:])
-        grid = tuple(self.generated.grid) + (1,) * (3 - len(self.generated.grid))
+        tail = self.size_args + tuple(self.kwargs.get(name, defaults.get(name)) for name in names[positional:])
+        grid = tuple(self.grid) + (1,) * (3 - len(self.grid))
         compiled._init_handles()
         current, empty = compat.cuda_launch_helpers()
         # Triton specialized the binary on which pointers were 16-byte aligned at this launch: later

@@ -29,6 +29,7 @@ import torch.fx
 from passes.kernel_ir import rules
 from passes.kernel_ir.groups import CONSTANTS, REDUCTIONS, constant_value, end_padding, meta_of, packet_name
 from passes.kernel_ir.loops import LoopNest, closure
+from passes.kernel_ir.symbolic import is_dim, render, symbol_name
 
 from .nest import TritonNest
 from .welford import WARPS, emit_statistics, find_variances
@@ -54,6 +55,19 @@ import triton.language as tl
 
 def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def pow2_at_most(n: int, cap: int) -> int:
+    """``min(next_pow2(n), cap)`` for a power of two ``cap``; ``cap`` for a symbolic ``n``, so that
+    one kernel (one size class) serves its small sizes and its large ones alike (a block larger
+    than a small extent only masks more lanes of one program)."""
+    return cap if is_dim(n) or n >= cap else next_pow2(n)
+
+
+def uneven(extent, block: int) -> bool:
+    """Whether a loop over ``extent`` in steps of ``block`` needs a mask: always for a symbolic
+    extent (one kernel then serves every size, divisible or not)."""
+    return is_dim(extent) or extent % block != 0
 
 
 @attrs.frozen
@@ -85,7 +99,7 @@ def choose_blocks(nest: LoopNest) -> Blocks:
     sizes = nest.sizes
     if not nest_is_reduction(nest):
         total = math.prod(sizes)
-        block = min(POINTWISE_BLOCK, max(16, next_pow2(total)))
+        block = max(16, pow2_at_most(total, POINTWISE_BLOCK))
         warps = POINTWISE_WARPS if block == POINTWISE_BLOCK else max(1, min(4, block // 256))
         return Blocks(False, block, 1, -(-total // block), warps)
     outer = math.prod(sizes[a] for a in nest.outer_axes)
@@ -94,11 +108,11 @@ def choose_blocks(nest: LoopNest) -> Blocks:
     if reduces_contiguous_axis(nest):
         if rp <= PERSISTENT_MAX:
             persistent, rblock = True, rp
-            xblock = min(next_pow2(outer), max(1, TILE_ELEMENTS // rp))
+            xblock = pow2_at_most(outer, max(1, TILE_ELEMENTS // rp))
         else:
             persistent, xblock, rblock = False, 1, LOOPED_RBLOCK
     else:
-        xblock = min(next_pow2(outer), OUTER_XBLOCK)
+        xblock = pow2_at_most(outer, OUTER_XBLOCK)
         while xblock > 8 and -(-outer // xblock) < MIN_PROGRAMS:
             xblock //= 2
         persistent = xblock * rp <= PERSISTENT_MAX
@@ -145,6 +159,9 @@ class TritonSource:
     num_warps: int
     persistent: bool
     maxnreg: int | None = None
+    # Size arguments (``ks0``...) of a kernel generated for symbolic sizes, after its pointers;
+    # ``grid`` then holds the grid as a Python expression of them.
+    sizes: tuple = ()
 
     def launch_options(self) -> dict:
         """The keyword arguments a launch (or ``warmup``) of this kernel takes besides its
@@ -370,6 +387,8 @@ class TritonWriter:
 
     def write(self) -> TritonSource:
         signature = self.parameters()
+        symbols = self.nest.decisions.symbols if self.nest.decisions is not None else ()
+        signature.update({symbol_name(s): "i64" if self.int64 else "i32" for s in symbols})
         params = list(signature)
         consts = {"BLOCK": self.blocks.xblock} if not self.reduction else {
             "XBLOCK": self.blocks.xblock, "RBLOCK": self.blocks.rblock}
@@ -383,12 +402,15 @@ class TritonWriter:
                    f"{list(self.nest.reduced)}; grid ({self.blocks.grid},), {consts}, num_warps "
                    f"{self.blocks.num_warps}{cap}")
         text = HEADER.format(summary=summary) + helper_source(self.uses) + "\n\n" + "\n".join(self.lines) + "\n"
+        grid = render(self.blocks.grid)
+        sizes = tuple(symbol_name(s) for s in symbols)
         text += (f"\n\nKERNEL = {self.name}\nSIGNATURE = {signature!r}\nCONSTEXPRS = {consts!r}\n"
-                 f"GRID = ({self.blocks.grid},)\nNUM_WARPS = {self.blocks.num_warps}\n")
+                 + (f"SIZES = {sizes!r}\nGRID = lambda {', '.join(sizes)}: ({grid},)\n" if sizes else f"GRID = ({grid},)\n")
+                 + f"NUM_WARPS = {self.blocks.num_warps}\n")
         if self.blocks.maxnreg:
             text += f"MAXNREG = {self.blocks.maxnreg}\n"
-        return TritonSource(self.name, text, signature, consts, (self.blocks.grid,), self.blocks.num_warps,
-                            self.blocks.persistent, self.blocks.maxnreg)
+        return TritonSource(self.name, text, signature, consts, (grid if sizes else self.blocks.grid,),
+                            self.blocks.num_warps, self.blocks.persistent, self.blocks.maxnreg, sizes)
 
     def write_pointwise(self) -> None:
         """A flat kernel; over [rows, row length] with rows at least BLOCK long, a block spans at
@@ -399,7 +421,7 @@ class TritonWriter:
         total = math.prod(sizes)
         pid = "tl.program_id(0).to(tl.int64)" if self.int64 else "tl.program_id(0)"
         self.emit(1, f"x = {pid} * BLOCK + tl.arange(0, BLOCK)")
-        if total % self.blocks.xblock:
+        if uneven(total, self.blocks.xblock):
             self.xmask = "xmask"
             self.emit(1, f"xmask = x < {total}")
         if len(sizes) == 2 and self.order == [0, 1] and sizes[1] >= self.blocks.xblock:
@@ -429,15 +451,15 @@ class TritonWriter:
         self.red_total, self.red_extent = red_total, extent
         pid = "tl.program_id(0).to(tl.int64)" if self.int64 else "tl.program_id(0)"
         self.emit(1, f"xo = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
-        if outer_total % blocks.xblock:
+        if uneven(outer_total, blocks.xblock):
             self.xmask = "xmask"
             self.emit(1, f"xmask = xo < {outer_total}")
         if blocks.persistent:
             self.emit(1, "rr = tl.arange(0, RBLOCK)[None, :]")
-            if red_total % blocks.rblock or red_total == 0:
+            if uneven(red_total, blocks.rblock) or red_total == 0:
                 self.rmask = "rmask"
                 self.emit(1, f"rmask = rr < {red_total}")
-            if self.pitch is not None and extent % blocks.rblock:
+            if self.pitch is not None and uneven(extent, blocks.rblock):
                 self.pmask = "pmask"
                 self.emit(1, f"pmask = rr < {extent}")
         else:
@@ -496,10 +518,10 @@ class TritonWriter:
             self.emit(1, f"for roff in range(0, {self.red_total}, RBLOCK):")
             self.emit(2, "rr = roff + rbase")
             self.rmask = None
-            if self.red_total % self.blocks.rblock:
+            if uneven(self.red_total, self.blocks.rblock):
                 self.rmask = "rmask"
                 self.emit(2, f"rmask = rr < {self.red_total}")
-            if self.pitch is not None and self.red_extent % self.blocks.rblock:
+            if self.pitch is not None and uneven(self.red_extent, self.blocks.rblock):
                 self.pmask = "pmask"
                 self.emit(2, f"pmask = rr < {self.red_extent}")
             mark, saved_need = len(self.lines), self.need
