@@ -19,12 +19,14 @@ eager, ours-dynamic, ours-static and inductor-dynamic are timed in interleaved r
 call (synchronized) and host ms per call (the time to issue it). ``compiles`` counts the graphs
 each variant compiled; ``kernels`` the generated kernels of our dynamic graph.
 
-Writes ``dynamic-shapes.json`` and ``dynamic-shapes.md`` under ``--out``.
+Writes ``dynamic-shapes.json`` and ``dynamic-shapes.md`` under ``--out`` (the commit named there is
+``PIPELINE_COMMIT`` when set: a copy of the tree without its git history names it so).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -142,16 +144,23 @@ def graph_count(compiled) -> int:
     return len(pipeline.compilation_of(compiled).graphs)
 
 
-def sweep(work: dict, variants: dict, device: str) -> dict:
-    """Call every variant at every size in order; errors against eager and compiles."""
+def sweep(work: dict, variants: dict, device: str) -> tuple[dict, dict]:
+    """Call every variant at every size in order: (largest error against eager, seconds spent in
+    the variant's calls, compiles included) per variant."""
     g = torch.Generator().manual_seed(0)
     errors = {name: 0.0 for name in variants}
+    seconds = {name: 0.0 for name in variants}
     for size in work["sizes"]:
         inputs = work["inputs"](size, g)
         expected = work["model"](*inputs)
         for name, fn in variants.items():
-            errors[name] = max(errors[name], relerr(fn(*inputs), expected))
-    return errors
+            synchronize(device)
+            start = time.perf_counter()
+            out = fn(*inputs)
+            synchronize(device)
+            seconds[name] += time.perf_counter() - start
+            errors[name] = max(errors[name], relerr(out, expected))
+    return errors, seconds
 
 
 def timed(fn, inputs: tuple, iters: int, device: str) -> tuple[float, float]:
@@ -174,7 +183,7 @@ def run(work: dict, device: str, rounds: int, iters: int, save=lambda result: No
     inductor = torch.compile(model)
     started = time.perf_counter()
     with torch.no_grad():
-        errors = sweep(work, {"ours-dynamic": dynamic, "inductor-dynamic": inductor}, device)
+        errors, call_seconds = sweep(work, {"ours-dynamic": dynamic, "inductor-dynamic": inductor}, device)
         sweep_seconds = time.perf_counter() - started
         comp = pipeline.compilation_of(dynamic)
         dynamic_graphs = [r for r in comp.graphs if r.metrics.get("size_specializations")]
@@ -185,7 +194,7 @@ def run(work: dict, device: str, rounds: int, iters: int, save=lambda result: No
                   "compiles": {"ours-dynamic": graph_count(dynamic)},
                   "dynamic_kernels": [r.metrics.get("kernels") for r in dynamic_graphs],
                   "specializations": [r.metrics["size_specializations"] for r in dynamic_graphs],
-                  "sweep_seconds": sweep_seconds, "times": {}}
+                  "sweep_seconds": sweep_seconds, "sweep_call_seconds": call_seconds, "times": {}}
         for size in work["timed"]:
             static = compile_with_plan(model, "default", options={"capture": {"dynamic": False, "recompile_limit": 64}})
             g = torch.Generator().manual_seed(size)
@@ -209,6 +218,15 @@ def run(work: dict, device: str, rounds: int, iters: int, save=lambda result: No
     return result
 
 
+def _builds(result: dict) -> str:
+    """How often the dynamic graph generated kernels over the sweep, and how many."""
+    specs = result["specializations"]
+    if not specs:
+        return "no symbolic groups"
+    return ", ".join(f"{s.get('builds', len(s['sizes']))} build(s), {s['kernels']} kernel(s) for "
+                     f"{s.get('seen', len(s['sizes']))} sizes" for s in specs)
+
+
 def markdown(results: dict, meta: dict) -> str:
     lines = [f"# Dynamic shapes, {meta['date']}, {meta['machine']}, commit {meta['commit']}", "",
              "Wall ms per call (median of interleaved rounds; host ms per call in brackets). "
@@ -218,7 +236,9 @@ def markdown(results: dict, meta: dict) -> str:
                   f"Every size against eager: {'passed' if r['passed'] else 'FAILED'} (largest norm-relative "
                   f"error {max(r['errors'].values()):.2e}, tolerance {r['tolerance']:.0e}); ours-dynamic compiled "
                   f"{r['compiles']['ours-dynamic']} graph(s), its dynamic graph calls {r['dynamic_kernels']} "
-                  f"generated kernel(s); the sweep took {r['sweep_seconds']:.1f} s.", "",
+                  f"generated kernel(s) ({_builds(r)}); the sweep took {r['sweep_seconds']:.1f} s, of which "
+                  f"calls of ours-dynamic {r['sweep_call_seconds']['ours-dynamic']:.1f} s and of inductor-dynamic "
+                  f"{r['sweep_call_seconds']['inductor-dynamic']:.1f} s (compiles included).", "",
                   "| size | eager | ours dynamic | ours static | Inductor dynamic | dyn/static | dyn/ind |",
                   "|---|---|---|---|---|---|---|"]
         for size, t in r["times"].items():
@@ -241,8 +261,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     torch._dynamo.config.recompile_limit = 256     # ours-static compiles a graph per timed size
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip() or "unknown"
+    commit = os.environ.get("PIPELINE_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+        cwd=Path(__file__).parent).stdout.strip() or "unknown"
     machine = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or platform.machine()
     meta = {"date": time.strftime("%Y-%m-%d"), "machine": machine, "commit": commit, "torch": torch.__version__}
     out = Path(args.out)

@@ -21,6 +21,7 @@ size limits apply, at the compile-time sizes; a value that reaches a graph outpu
 from __future__ import annotations
 
 import operator
+from typing import Any
 
 import attrs
 import torch
@@ -213,6 +214,15 @@ class PerSizeValues:
 
     def __repr__(self) -> str:
         return f"PerSizeValues({self.__name__}, {len(self.values)} size(s))"
+
+    def to_data(self, codec: Any) -> dict:
+        """The subgraph computing the values, for the compile cache (values are computed again)."""
+        return {"module": codec.subgraph_to_data(self.module, self.__name__), "entries": self.entries,
+                "name": self.__name__}
+
+    @classmethod
+    def from_data(cls, data: dict, codec: Any) -> "PerSizeValues":
+        return cls(codec.subgraph_from_data(data["module"]), data["entries"], data["name"])
 
 
 def _is_size_root(node: torch.fx.Node) -> bool:

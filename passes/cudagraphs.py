@@ -436,9 +436,19 @@ class SizedCudaGraphs:
         return self.graph
 
     def to_data(self, codec: Any) -> dict:
-        """Refuses: graphs with symbolic sizes are not stored in the compile cache yet."""
-        from pipeline.cache.graph_io import UnsupportedGraph
-        raise UnsupportedGraph("CUDA graphs recorded per size of a graph with symbolic sizes")
+        """What the compile cache and artifacts keep: the graph, the recording policy and which
+        inputs carry the sizes; each size is recorded again on its first call after a rebuild."""
+        return {"graph": codec.subgraph_to_data(self.graph, "cudagraph"), "options": unstructure(self.options),
+                "mutated": list(self.mutated), "sized": list(self.sized)}
+
+    @classmethod
+    def from_data(cls, data: dict, codec: Any) -> "SizedCudaGraphs":
+        """Runners for the stored graph, none recorded yet, noting into the compile's context."""
+        if codec.context is None:
+            from pipeline.cache.graph_io import UnsupportedGraph
+            raise UnsupportedGraph("CUDA-graph runners are rebuilt only inside a compile (they note into its context)")
+        return cls(codec.subgraph_from_data(data["graph"]), CudaGraphsOptions(**data["options"]), codec.context,
+                   list(data["mutated"]), tuple(data["sized"]))
 
     def __repr__(self) -> str:
         return f"<CUDA-graph runners for {len(self.runners)} size(s)>"

@@ -61,6 +61,17 @@ def test_size_class_kernels_take_their_sizes_as_arguments_and_compile_for_sm90()
     assert all(r["cubin_bytes"] > 0 for r in results)
 
 
+def test_size_class_triton_kernels_are_stored_in_the_compile_cache(tmp_path, monkeypatch):
+    monkeypatch.delenv("PIPELINE_CACHE_GRAPHS", raising=False)
+    plan = {**PLAN, "cache": {"dir": str(tmp_path)}}
+    inputs = lambda s, g: (torch.randn(2, s, 32, generator=g), padding_mask(2, s, g))     # noqa: E731
+    cold = dynamic_graph(check_sizes(Block().eval(), inputs, [8, 12, 20], plan))
+    torch._dynamo.reset()
+    warm = dynamic_graph(check_sizes(Block().eval(), inputs, [8, 12, 20, 33], plan))
+    assert cold.cache["stored"] and warm.cache["status"] == "hit"
+    assert warm.metrics["size_specializations"]["builds"] == 0 and warm.kernels == cold.kernels
+
+
 def test_module_in_a_fresh_process():
     """Only when something imported triton before this module could set TRITON_INTERPRET (the
     interpreter needs it at import time): run this file again in a new process."""

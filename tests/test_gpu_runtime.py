@@ -232,3 +232,33 @@ def test_the_default_plan_gives_eager_layer_norm_bits_for_gpt2_rows():
     with torch.no_grad():
         got, expected = compiled(x, r, w, b), residual_layer_norm(x, r, w, b)
     assert torch.equal(got[1], expected[1]), f"{int((got[1] != expected[1]).sum())} values differ"
+
+
+def test_size_class_kernels_serve_every_batch_size_on_the_gpu(made):
+    """A graph with a symbolic batch: one Triton kernel per group for sizes Triton specializes
+    differently (1 apart, multiples of 16, odd ones), each launched directly after its first call."""
+    from pipeline import compilation_of
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.LayerNorm(512)).cuda().eval()
+    compiled = compile_with_plan(model, "default")
+    with torch.no_grad():
+        for n in (1, 2, 3, 16, 17, 64, 300, 3, 16):
+            x = torch.randn(n, 256, device="cuda")
+            assert compare(model(x), compiled(x), what=f"batch {n}") is None
+    record = [r for r in compilation_of(compiled).graphs if r.metrics.get("size_specializations")][-1]
+    seen = record.metrics["size_specializations"]
+    assert seen["builds"] == 1 and seen["kernels"] == seen["groups"] > 0
+    instances = [k for k in made if k.size_args]
+    assert instances and all(k._fast is not None for k in instances)
+
+
+def test_per_size_cuda_graphs_of_a_dynamic_graph_replay_size_class_kernels():
+    from pipeline import compilation_of
+    model = torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.GELU()).cuda().eval()
+    compiled = compile_with_plan(model, "reduce-overhead", options={"capture": {"dynamic": None}})
+    with torch.no_grad():
+        for n in (4, 8, 24, 8, 4, 24):
+            x = torch.randn(n, 128, device="cuda")
+            assert compare(model(x), compiled(x), what=f"batch {n}") is None
+    record = [r for r in compilation_of(compiled).graphs if r.metrics.get("size_specializations")][-1]
+    assert record.metrics["size_specializations"]["builds"] == 1
+    assert "cudagraph_replay_per_size" in record.final_code

@@ -152,10 +152,13 @@ class CppKernel(CompiledKernel):
             raise UnsupportedGraph(f"cpp kernel {self.group.name} does not know its library's source")
         codec.need_file(self.library_path)
         codec.need_file(digest_path(self.library_path))
-        return {"group": self.group.to_data(codec), "source": codec.put_text(self.source),
+        data = {"group": self.group.to_data(codec), "source": codec.put_text(self.source),
                 "library": codec.put_text(self.library_source),
-                "in_strides": [list(s) for s in self.in_strides],
-                "in_dtypes": [_dtype_name(d) for d in self.in_dtypes],
+                "in_dtypes": [_dtype_name(d) for d in self.in_dtypes]}
+        if self.size_class is not None:     # a size-class kernel: layouts are expressions of its sizes
+            return {**data, "size_class": self.size_class.to_data(),
+                    "out_dtypes": [_dtype_name(d) for d in self.out_dtypes]}
+        return {**data, "in_strides": [list(s) for s in self.in_strides],
                 "outputs": [[list(shape), list(stride), _dtype_name(dtype)] for shape, stride, dtype in self.outputs]}
 
     @classmethod
@@ -166,11 +169,16 @@ class CppKernel(CompiledKernel):
         library, path, _ = build(library_source, directory=codec.cache_dir)
         kernel = cls.__new__(cls)
         CompiledKernel.__init__(kernel, group, codec.text(data["source"]))
-        kernel.function = _bind_function(library, group.name, len(data["in_strides"]) + len(data["outputs"]))
-        kernel.in_strides = tuple(tuple(s) for s in data["in_strides"])
         kernel.in_dtypes = tuple(getattr(torch, d) for d in data["in_dtypes"])
-        kernel.outputs = [(tuple(shape), tuple(stride), getattr(torch, d)) for shape, stride, d in data["outputs"]]
-        kernel.fills = output_fills(group, [shape for shape, _, _ in kernel.outputs])
+        if "size_class" in data:
+            kernel.size_class = SizeClass.from_data(data["size_class"])
+            kernel.out_dtypes = [getattr(torch, d) for d in data["out_dtypes"]]
+            kernel.function = _bind_function(library, group.name, len(kernel.in_dtypes) + len(kernel.out_dtypes),
+                                             len(kernel.size_class.symbols))
+        else:
+            kernel.function = _bind_function(library, group.name, len(data["in_strides"]) + len(data["outputs"]))
+            kernel._layouts(tuple(tuple(s) for s in data["in_strides"]),
+                            [(tuple(shape), tuple(stride), getattr(torch, d)) for shape, stride, d in data["outputs"]])
         kernel.library_source = library_source
         kernel.library_path = str(path.with_suffix(".so"))
         return kernel
@@ -211,7 +219,7 @@ class Codegen(Pass):
     def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
         build = self.backend(context.target)
         specialize_graph(graph, SizeRuntime(build, context.target, context.cache, self.options.size_specializations,
-                                            context), context)
+                                            context, self), context)
         graph = build(graph, context)
         return self.host(graph, context)
 

@@ -29,13 +29,15 @@ import torch.fx
 
 from passes.kernel_ir.groups import CompiledKernel, FusedGroup, meta_of
 from passes.kernel_ir.loops import UnsupportedGroup
-from passes.kernel_ir.symbolic import Decisions
+from passes.kernel_ir.symbolic import Decisions, parse, size_data
 from pipeline import Metric, PassContext, compat
-from pipeline.cache.graph_io import UnsupportedGraph
+from pipeline.cache.graph_io import Codec, UnsupportedGraph
 from pipeline.errors import PipelineError
+from pipeline.options import unstructure
 
 
-SIZES_KEPT = 64     # bindings listed in the size_specializations metric
+SIZES_KEPT = 64         # bindings listed in the size_specializations metric
+INSTANCES_KEPT = 4096   # size-class kernels kept made for particular sizes, per graph
 
 
 def _values(group: FusedGroup) -> list:
@@ -83,12 +85,29 @@ def binders(group: FusedGroup) -> tuple[tuple[sympy.Symbol, int, int], ...] | No
 
 
 def _concrete(size: Any, binding: dict) -> int:
-    if not isinstance(size, torch.SymInt):
+    """A size (int, SymInt, or the sympy expression of a group rebuilt from the cache) at ``binding``
+    (symbols matched by name)."""
+    if isinstance(size, int):
         return int(size)
-    expr = sympy.sympify(size.node.expr.xreplace({s: sympy.Integer(v) for s, v in binding.items()}))
-    if not expr.is_number:
+    expr = sympy.sympify(size.node.expr if isinstance(size, torch.SymInt) else size)
+    named = {str(s): v for s, v in binding.items()}
+    value = expr.xreplace({s: sympy.Integer(named[s.name]) for s in expr.free_symbols if s.name in named})
+    if not value.is_number:
         raise UnsupportedGroup(f"size {size} is not determined by the bound sizes")
-    return int(expr)
+    return int(value)
+
+
+def _placeholder_data(group: FusedGroup) -> list:
+    """The group's placeholders' example values as data (sizes as ints or expression texts), what
+    :func:`pipeline.compat.rebuild_symbolic_metadata` rebuilds them from."""
+    out = []
+    for node in group.subgraph.graph.find_nodes(op="placeholder"):
+        value = meta_of(node)
+        if not isinstance(value, torch.Tensor):
+            raise UnsupportedGraph(f"group {group.name}: input {node.name} is not a tensor")
+        out.append({"shape": [size_data(v) for v in value.shape], "stride": [size_data(v) for v in value.stride()],
+                    "dtype": str(value.dtype).removeprefix("torch."), "device": str(value.device)})
+    return out
 
 
 def concrete_group(group: FusedGroup, binding: dict) -> FusedGroup:
@@ -124,6 +143,22 @@ class SizeRuntime:
     cache: Any
     limit: int
     context: Any = None     # the compile's PassContext: set_metric("size_specializations", ...)
+    # The pass that made ``build`` (its ``backend(target)`` method) and its options: what the
+    # compile cache keeps to make ``build`` again.
+    maker: Any = None
+
+    def to_data(self) -> dict:
+        return {"target": self.target, "limit": self.limit, "pass": Codec.class_name(type(self.maker)),
+                "options": unstructure(self.maker.options)}
+
+    @classmethod
+    def from_data(cls, data: dict, codec: Codec) -> "SizeRuntime":
+        """The runtime :meth:`to_data` described, in the compile of ``codec`` (a cache hit's): the
+        pass class is imported by name, as every described class is."""
+        kind = codec.import_class(data["pass"])
+        maker = kind(kind.Options(**data["options"]))
+        context = codec.context
+        return cls(maker.backend(data["target"]), data["target"], context.cache, data["limit"], context, maker)
 
 
 class Specializer:
@@ -142,6 +177,9 @@ class Specializer:
         self.graph_id = graph_id
         self.symbols = {g.name: free_symbols(g) for g in groups}
         self.kernels: dict[tuple, Any] = {}      # (group name, values of its symbols) -> kernel or group
+        # The same for size-class kernels called at those sizes: made again from their class when
+        # dropped, so only the most recent INSTANCES_KEPT stay (a server sees many sizes).
+        self.instances: dict[tuple, Any] = {}
         self.classes: dict[str, list] = {g.name: [] for g in groups}   # size-class kernels per group
         self.per_size: set[str] = set()          # groups generated per binding (sizes cannot stay symbolic)
         self.sizes: list[dict] = []              # each binding seen, in order (the first SIZES_KEPT)
@@ -149,6 +187,46 @@ class Specializer:
         self.builds = 0                          # times kernels were generated
         self.generated = 0                       # kernels generated (size-class and per-binding)
         self.notes: list[str] = []               # what the builds said (groups left eager, libraries)
+        # Groups rebuilt from the compile cache without example values: their placeholders'
+        # descriptions, made into example values when the group is generated again.
+        self.described: dict[str, list] = {}
+
+    @classmethod
+    def shared(cls, data: dict, codec: Any) -> "Specializer":
+        """The specializer of a graph rebuilt from the compile cache: one for all its kernels."""
+        key = ("specializer", data["id"])
+        found = codec.shared.get(key)
+        if found is None:
+            if codec.context is None:
+                raise UnsupportedGraph("kernels for symbolic sizes are rebuilt only inside a compile")
+            found = codec.shared[key] = cls([], SizeRuntime.from_data(data["runtime"], codec), codec.context.graph_id)
+        return found
+
+    def to_data(self) -> dict:
+        return {"id": str(id(self)), "runtime": self.runtime.to_data()}
+
+    def add(self, group: FusedGroup, symbols: frozenset, classes: list, per_size: bool, described: list) -> None:
+        """A group rebuilt from the compile cache, with its size-class kernels."""
+        self.groups.append(group)
+        self.symbols[group.name] = symbols
+        self.classes[group.name] = list(classes)
+        if per_size:
+            self.per_size.add(group.name)
+        self.described[group.name] = described
+
+    def group_data(self, group: FusedGroup, codec: Any) -> dict:
+        """What :meth:`add` takes back: the group's kernels and its placeholders' descriptions."""
+        described = self.described.get(group.name)
+        return {"classes": [codec.describe(k) for k in self.classes[group.name]],
+                "per_size": group.name in self.per_size, "symbols": sorted(str(s) for s in self.symbols[group.name]),
+                "placeholders": described if described is not None else _placeholder_data(group)}
+
+    def _with_values(self, group: FusedGroup) -> None:
+        """Give a group rebuilt from the cache its example values (symbolic sizes in the shape
+        environment of the compile it was rebuilt in) before it is generated again."""
+        described = self.described.pop(group.name, None)
+        if described is not None:
+            compat.rebuild_symbolic_metadata(group.subgraph, described, self.runtime.context.example_inputs)
 
     def key(self, group: FusedGroup, binding: dict) -> tuple:
         return (group.name, tuple(binding[s] for s in sorted(self.symbols[group.name], key=str)))
@@ -158,19 +236,24 @@ class Specializer:
         made for them (with every other group whose sizes the binding determines); the group itself
         once the limit of builds is reached."""
         key = self.key(group, binding)
-        found = self.kernels.get(key)
+        found = self.instances.get(key) or self.kernels.get(key)
         if found is not None:
             return found
         # Dynamo's compile lock: fake-tensor propagation and code generation are not thread-safe
         # against a compile running in another thread (it also serializes this graph's builds).
         with compat.compile_lock():
-            if key not in self.kernels:
+            if key not in self.kernels and key not in self.instances:
                 self._provide(binding)
-            return self.kernels[key]
+            return self.instances.get(key) or self.kernels[key]
+
+    def _instance(self, key: tuple, kernel: Any) -> None:
+        self.instances[key] = kernel
+        if len(self.instances) > INSTANCES_KEPT:
+            del self.instances[next(iter(self.instances))]
 
     def _provide(self, binding: dict) -> None:
         pending = [g for g in self.groups if self.symbols[g.name] <= set(binding)
-                   and self.key(g, binding) not in self.kernels]
+                   and self.key(g, binding) not in self.kernels and self.key(g, binding) not in self.instances]
         self.seen += 1
         if len(self.sizes) < SIZES_KEPT:
             self.sizes.append({str(s): v for s, v in binding.items()})
@@ -181,7 +264,7 @@ class Specializer:
             if kernel is None:
                 missing.append(group)
             else:
-                self.kernels[self.key(group, binding)] = kernel
+                self._instance(self.key(group, binding), kernel)
         if missing:
             self._build(binding, missing)
         if self.runtime.context is not None:
@@ -206,6 +289,12 @@ class Specializer:
         graph = torch.fx.Graph()
         nodes = []
         for group in groups:
+            try:
+                self._with_values(group)
+            except ValueError as exc:
+                self.kernels[self.key(group, binding)] = group
+                self.notes.append(f"{group.name}: runs eagerly at {_spelled(binding)}: {exc}")
+                continue
             if per_binding:
                 try:
                     made = concrete_group(group, binding)
@@ -236,7 +325,7 @@ class Specializer:
                 self.kernels[self.key(group, binding)] = made if compiled else group
             elif compiled and made.size_class is not None:
                 self.classes[group.name].append(made)
-                self.kernels[self.key(group, binding)] = made.at(binding)
+                self._instance(self.key(group, binding), made.at(binding))
                 if made.size_class.exact:
                     self.notes.append(f"{group.name}: its kernel holds for one size only: "
                                       + "; ".join(made.size_class.exact))
@@ -312,13 +401,28 @@ class SizeSpecializedKernel(CompiledKernel):
         return f"{self.backend}_{self.group.name}_sized"
 
     def to_data(self, codec: Any) -> dict:
-        """Refuses: graphs with symbolic sizes are not stored in the compile cache yet."""
-        raise UnsupportedGraph(f"kernel {self.group.name} is specialized per size at run time (symbolic sizes)")
+        """Plain data for the compile cache: the symbolic group (its placeholders described with
+        their size expressions), where its sizes are read from, its size-class kernels and the
+        codegen settings that generate more (shared with the graph's other such kernels)."""
+        return {"specializer": self.specializer.to_data(), "group": self.group.to_data(codec),
+                "bind": [[str(s), i, d] for s, i, d in self.bind],
+                **self.specializer.group_data(self.group, codec),
+                "example": {"backend": self.backend, "source": codec.put_text(self.source),
+                            "in_place_capable": self.in_place_capable, "accepts_reuse": self.accepts_reuse}}
 
     @classmethod
     def from_data(cls, data: dict, codec: Any) -> "SizeSpecializedKernel":
-        """Never reached: :meth:`to_data` refuses."""
-        raise UnsupportedGraph("kernels specialized per size are not stored in the compile cache")
+        """The kernel :meth:`to_data` described, joined to its graph's rebuilt specializer. Sizes
+        in its stored classes call those kernels; others generate again, in this compile's shapes."""
+        specializer = Specializer.shared(data["specializer"], codec)
+        group = FusedGroup.from_data(data["group"], codec)
+        specializer.add(group, frozenset(parse(s) for s in data["symbols"]),
+                        [codec.rebuild(k) for k in data["classes"]], data["per_size"], data["placeholders"])
+        example = data["example"]
+        kernel = cls(group, specializer, tuple((parse(s), i, d) for s, i, d in data["bind"]), None)
+        kernel.backend, kernel.source = example["backend"], codec.text(example["source"])
+        kernel.in_place_capable, kernel.accepts_reuse = example["in_place_capable"], example["accepts_reuse"]
+        return kernel
 
 
 def specialize_graph(graph: torch.fx.GraphModule, runtime: SizeRuntime, context: Any) -> int:

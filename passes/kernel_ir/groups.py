@@ -16,6 +16,7 @@ import torch
 import torch.fx
 
 from . import rules
+from .symbolic import parse, size_data
 # Node facts live in .nodes; they are re-exported here, where plugins have always read them.
 from .nodes import (CONSTANTS, FLOAT_TYPES, IOTAS, PAD, REDUCTIONS, SOURCES, UNIT_RESHAPES, meta_of,  # noqa: F401
                     packet_name, promoted_dtype, shape_of, value_dtype)
@@ -201,17 +202,16 @@ class FusedGroup:
     portable: ClassVar[bool] = True   # its data needs no files or shared texts (pipeline.cache.graph_io)
 
     def to_data(self, codec: Any) -> dict:
-        """The group as plain data: name, domain, reduced axes and its subgraph."""
-        if not all(isinstance(d, int) for d in self.domain):
-            from pipeline.cache.graph_io import UnsupportedGraph
-            raise UnsupportedGraph(f"fused group {self.name} has a symbolic domain")
-        return {"name": self.name, "domain": list(self.domain), "reduced": list(self.reduced),
+        """The group as plain data: name, domain (symbolic sizes as expressions), reduced axes and
+        its subgraph (without example values)."""
+        return {"name": self.name, "domain": [size_data(d) for d in self.domain], "reduced": list(self.reduced),
                 **codec.subgraph_to_data(self.subgraph, self.name)}
 
     @classmethod
     def from_data(cls, data: dict, codec: Any) -> "FusedGroup":
-        """The group :meth:`to_data` described."""
-        return cls(data["name"], codec.subgraph_from_data(data), tuple(data["domain"]), tuple(data["reduced"]))
+        """The group :meth:`to_data` described (a symbolic size comes back as a sympy expression)."""
+        return cls(data["name"], codec.subgraph_from_data(data), tuple(parse(d) for d in data["domain"]),
+                   tuple(data["reduced"]))
 
     def outer_shape(self) -> tuple:
         """The domain without its reduced axes (the shape of a reduced value, kept axes dropped)."""

@@ -23,11 +23,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import operator
+import re
 from typing import Any, Callable, Iterator
 
 import attrs
 import sympy
 
+_NAME = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
+_ARITHMETIC = re.compile(r"[A-Za-z0-9_\s()+\-*/%<>=!,]*")
 _OPS = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, ">=": operator.ge}
 _NEGATION = {"==": "!=", "!=": "==", "<": ">=", ">=": "<"}
 
@@ -119,7 +122,8 @@ class Decisions:
 
     def __init__(self, binding: dict):
         self.binding = {s: int(v) for s, v in binding.items()}
-        self._subs = {s: sympy.Integer(v) for s, v in self.binding.items()}
+        # By name: a symbol parsed from stored data has the name of Dynamo's, perhaps not its object.
+        self._named = {str(s): sympy.Integer(v) for s, v in self.binding.items()}
         self.facts: dict[tuple, None] = {}      # (expression, op) in the order first decided
         self.exact: list[str] = []              # why a size was taken at its binding's value
 
@@ -132,7 +136,8 @@ class Decisions:
         """``expr`` at the binding (TypeError when it has symbols the binding does not give)."""
         if isinstance(expr, int):
             return expr
-        result = sympy.sympify(expr).xreplace(self._subs)
+        expr = sympy.sympify(expr)
+        result = expr.xreplace({s: self._named[s.name] for s in expr.free_symbols if s.name in self._named})
         if not result.is_Integer:
             raise TypeError(f"size {expr} is not determined by the bound sizes {self.spelled()}")
         return int(result)
@@ -355,6 +360,10 @@ class SizeClass:
         return eval(compile(f"lambda {names}: {body}", "<size class>", "eval"), {})  # noqa: S307 - see of()
 
     def __attrs_post_init__(self) -> None:
+        for text in (*self.facts, self.layout):     # arithmetic of the size arguments, nothing else
+            words = set(_NAME.findall(text)) - {"and", "True"} - {f"k{s}" for s in self.symbols}
+            if words or not _ARITHMETIC.fullmatch(text):
+                raise ValueError(f"size class text {text!r} is not arithmetic of its sizes {self.symbols}")
         object.__setattr__(self, "_fits", self._compiled(" and ".join(self.facts) or "True"))
         object.__setattr__(self, "_layout", self._compiled(self.layout))
 
@@ -379,6 +388,29 @@ class SizeClass:
     @classmethod
     def from_data(cls, data: dict) -> "SizeClass":
         return cls(tuple(data["symbols"]), tuple(data["facts"]), tuple(data["exact"]), data["layout"])
+
+
+_FUNCTIONS = {"FloorDiv": FloorDiv, "CeilDiv": CeilDiv, "Mod": sympy.Mod, "PythonMod": sympy.Mod,
+              "CleanDiv": FloorDiv}
+
+
+def size_data(size: Any) -> int | str:
+    """A size (an int, a ``torch.SymInt``, a sympy expression or a :class:`Dim`) as data: the int,
+    or its expression's text (:func:`parse` reads it back)."""
+    if isinstance(size, int):
+        return int(size)
+    expr = size.expr if isinstance(size, Dim) else size.node.expr if hasattr(size, "node") else size
+    expr = sympy.sympify(expr)
+    return int(expr) if expr.is_Integer else str(expr)
+
+
+def parse(text: int | str) -> Any:
+    """The size :func:`size_data` wrote: an int, or a sympy expression whose symbols are positive
+    integers (as Dynamo's are, so they equal the symbols of the graph being compiled)."""
+    if isinstance(text, int):
+        return text
+    names = {n: _FUNCTIONS.get(n) or sympy.Symbol(n, integer=True, positive=True) for n in _NAME.findall(text)}
+    return sympy.sympify(text, locals=names)
 
 
 def is_dim(value: Any) -> bool:
@@ -420,5 +452,5 @@ def sizes(values: Any) -> tuple:
     return tuple(v if isinstance(v, (int, Dim)) else decisions.dim(v) for v in values)
 
 
-__all__ = ["Dim", "Decisions", "SizeClass", "FloorDiv", "CeilDiv", "render", "symbol_name", "binding", "active", "sizes",
+__all__ = ["Dim", "Decisions", "SizeClass", "size_data", "parse", "FloorDiv", "CeilDiv", "render", "symbol_name", "binding", "active", "sizes",
            "is_dim", "has_dims"]

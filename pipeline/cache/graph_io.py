@@ -47,6 +47,9 @@ class Codec:
         self.texts: dict[str, str] = texts if texts is not None else {}
         self.cache_dir = cache_dir
         self.files: list[str] = []
+        # Objects that several described objects of one graph share (the kernels of one graph
+        # sharing what made them): each from_data finds or adds them here, by a key its data names.
+        self.shared: dict = {}
         self._groups = 0
 
     def need_file(self, path: str | Any) -> None:
@@ -69,6 +72,35 @@ class Codec:
     def subgraph_from_data(self, data: dict) -> torch.fx.GraphModule:
         """The graph module :meth:`subgraph_to_data` described."""
         return _with_class(_build(data["graph"], self.constants, prefix=data["prefix"], codec=self), data["graph"])
+
+    def describe(self, obj: Any) -> dict:
+        """An object held by a described object (a kernel a kernel keeps) as data naming its
+        class, rebuilt by :meth:`rebuild`; raises :class:`UnsupportedGraph` as ``to_data`` does."""
+        kind = type(obj)
+        if not (isinstance(obj, Describable) and _importable(kind)):
+            raise UnsupportedGraph(f"{obj!r} cannot be described")
+        return {"class": f"{kind.__module__}:{kind.__qualname__}", "data": obj.to_data(self)}
+
+    def rebuild(self, data: dict) -> Any:
+        """The object :meth:`describe` described (its class imported from the installed packages)."""
+        cls = self.import_class(data["class"])
+        if not (hasattr(cls, "from_data") and hasattr(cls, "to_data")):
+            raise UnsupportedGraph(f"{data['class']} is not an installed class with from_data/to_data")
+        return cls.from_data(data["data"], self)
+
+    @staticmethod
+    def class_name(cls: type) -> str:
+        """``module:qualname`` of a class, as :meth:`import_class` reads it."""
+        return f"{cls.__module__}:{cls.__qualname__}"
+
+    @staticmethod
+    def import_class(name: str) -> type:
+        """The class named ``module:qualname`` (by :meth:`class_name`), imported from the installed
+        packages (never from the data)."""
+        cls = _import(*name.split(":", 1))
+        if not isinstance(cls, type):
+            raise UnsupportedGraph(f"{name} is not an installed class")
+        return cls
 
     def put_text(self, text: str) -> str:
         """Store ``text`` once; returns the id :meth:`text` reads it back with."""

@@ -21,8 +21,8 @@ from pipeline.compat.dynamo import (  # noqa: F401  (re-exported: callers import
 from pipeline.compat.tracing import (  # noqa: F401  (re-exported)
     as_fake, backend_inputs, fake_mode_of, has_effect, is_fake, retrace, traced_as_one_call, tracing_now)
 from pipeline.compat.shapes import (  # noqa: F401  (re-exported)
-    guards_suppressed, is_backed, known_equal, replay_shape_guards, same_sizes, shape_facts, shape_guard_count,
-    shape_guards_since)
+    guards_suppressed, is_backed, known_equal, rebuild_symbolic_metadata, replay_shape_guards, same_sizes, shape_facts,
+    shape_guard_count, shape_guards_since)
 
 TORCH_VERSION = torch.__version__
 

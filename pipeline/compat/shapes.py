@@ -8,6 +8,9 @@ from typing import Any
 
 import torch
 
+from pipeline.compat.tracing import fake_mode_of
+
+
 def _shape_env(values: list) -> Any:
     from torch._guards import detect_fake_mode
     mode = detect_fake_mode(list(values))
@@ -111,3 +114,41 @@ def is_backed(size: Any) -> bool:
 def same_sizes(a: Any, b: Any) -> bool:
     """:func:`known_equal` for each pair of two size sequences of one length."""
     return len(a) == len(b) and all(known_equal(x, y) for x, y in zip(a, b))
+
+
+def rebuild_symbolic_metadata(gm: torch.fx.GraphModule, placeholders: list, like: list) -> None:
+    """Fill ``node.meta['val']`` of every node of ``gm`` (a graph rebuilt from the compile cache,
+    which keeps no example values) from its placeholders' descriptions, whose symbolic sizes are
+    expression texts over the symbols of the shape environment of ``like`` (the fake inputs of the
+    compile the graph is rebuilt in, where Dynamo named its symbols as when it was stored). Each
+    description is ``{"shape", "stride", "dtype", "device"}`` (sizes: ints or texts) or None for a
+    non-tensor placeholder. Adds no guard. Raises ValueError when ``like`` has no shape
+    environment or an expression names a symbol it does not have."""
+    import sympy
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+    from torch.utils._sympy import functions
+
+    env, mode = _shape_env(like), fake_mode_of(like)
+    if env is None or mode is None:
+        raise ValueError("the compile has no shape environment to rebind symbolic sizes to")
+    hints = dict(getattr(env, "backed_var_to_val", None) or getattr(env, "var_to_val", {}))   # renamed in torch 2.13
+    names = {str(s): s for s in hints}
+    local = {**names, "FloorDiv": functions.FloorDiv, "CeilDiv": functions.CeilDiv, "Mod": functions.Mod,
+             "PythonMod": functions.PythonMod, "CleanDiv": functions.CleanDiv}
+
+    def size(item: Any) -> Any:
+        if isinstance(item, int):
+            return item
+        expr = sympy.sympify(item, locals=local)
+        missing = {str(s) for s in expr.free_symbols} - set(names)
+        if missing:
+            raise ValueError(f"size {item} names {', '.join(sorted(missing))}, which this compile's shapes lack")
+        return env.create_symintnode(expr, hint=int(expr.xreplace(hints)))
+
+    with env.suppress_guards():
+        with mode:
+            fakes = [None if m is None else
+                     torch.empty_strided([size(s) for s in m["shape"]], [size(s) for s in m["stride"]],
+                                         dtype=getattr(torch, m["dtype"]), device=torch.device(m["device"]))
+                     for m in placeholders]
+        FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)

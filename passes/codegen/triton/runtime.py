@@ -34,6 +34,7 @@ from pipeline import compat
 from pipeline.cache import cache_root
 from pipeline.errors import PipelineError
 from passes.kernel_ir.groups import CompiledKernel, FusedGroup, fill_padding, output_buffers, output_fills
+from passes.kernel_ir.symbolic import SizeClass
 
 from ..cpp.build import CacheFolderError, clean_stale, warn_private
 from .pitch import storage_covers
@@ -214,15 +215,18 @@ class TritonKernel(CompiledKernel):
         (and a pitched kernel's exact twin)."""
         g = self.generated
         codec.need_file(self.path)
-        return {"group": self.group.to_data(codec), "name": g.name, "source": codec.put_text(g.source),
+        data = {"group": self.group.to_data(codec), "name": g.name, "source": codec.put_text(g.source),
                 "signature": dict(g.signature), "constexprs": dict(g.constexprs), "grid": list(g.grid),
-                "num_warps": g.num_warps, "maxnreg": g.maxnreg, "persistent": g.persistent,
+                "num_warps": g.num_warps, "maxnreg": g.maxnreg, "persistent": g.persistent, "sizes": list(g.sizes),
                 "device": str(self.device),
-                "in_strides": [list(s) for s in self.in_strides],
-                "outputs": [[list(shape), list(stride), str(dtype).removeprefix("torch.")]
-                            for shape, stride, dtype in self.outputs],
                 "covers": [list(c) for c in self.covers], "padded_outputs": list(self.padded_outputs),
                 "exact": self.exact.to_data(codec) if self.exact is not None else None}
+        if self.size_class is not None:     # a size-class kernel: layouts are expressions of its sizes
+            return {**data, "size_class": self.size_class.to_data(),
+                    "out_dtypes": [str(d).removeprefix("torch.") for d in self.out_dtypes]}
+        return {**data, "in_strides": [list(s) for s in self.in_strides],
+                "outputs": [[list(shape), list(stride), str(dtype).removeprefix("torch.")]
+                            for shape, stride, dtype in self.outputs]}
 
     @classmethod
     def from_data(cls, data: dict, codec: Any) -> "TritonKernel":
@@ -235,12 +239,18 @@ class TritonKernel(CompiledKernel):
         generated = TritonSource(name=data["name"], source=codec.text(data["source"]),
                                  signature=dict(data["signature"]), constexprs=dict(data["constexprs"]),
                                  grid=tuple(data["grid"]), num_warps=data["num_warps"],
-                                 persistent=data["persistent"], maxnreg=data.get("maxnreg"))
+                                 persistent=data["persistent"], maxnreg=data.get("maxnreg"),
+                                 sizes=tuple(data.get("sizes", ())))
         path, _ = write_source(generated.source, codec.cache_dir)
         kernel = cls.__new__(cls)
         CompiledKernel.__init__(kernel, FusedGroup.from_data(data["group"], codec), generated.source)
         kernel._pitched(cls.from_data(data["exact"], codec) if data.get("exact") else None,
                         data.get("covers", ()), data.get("padded_outputs", ()))
+        if "size_class" in data:
+            kernel.size_class = SizeClass.from_data(data["size_class"])
+            kernel.out_dtypes = [getattr(torch, d) for d in data["out_dtypes"]]
+            kernel._setup(generated, load_module(path), path, in_strides=(), device=device, outputs=[], grid=(0,))
+            return kernel
         kernel._setup(generated, load_module(path), path, in_strides=tuple(tuple(s) for s in data["in_strides"]),
                       device=device, outputs=[(tuple(shape), tuple(stride), getattr(torch, d))
                                               for shape, stride, d in data["outputs"]])
