@@ -220,12 +220,14 @@ def test_error_checks_of_linalg_operators_stay_in_the_compiled_graph():
 
 
 @pytest.mark.parametrize("capture, written", [
-    ({"dynamic": False, "dynamic_dims": {"x": [3], "mask": [1]}}, "[4, 1, 1, -1]"),   # one symbolic size
-    ({"dynamic": True}, "[arg"),                                                        # batch too: sizes read
+    ({"dynamic": False, "dynamic_dims": {"x": [3], "mask": [1]}}, None),      # one symbolic size: no view left
+    ({"dynamic": True}, "[arg"),                                                # batch too: sizes read
 ])
 def test_a_chain_of_unit_axes_on_a_symbolic_input_is_one_view(capture, written):
     """mask[:, None, None, :] of a mask of symbolic length: the two unsqueezes and the whole-range
-    slices become one view (-1 for a lone symbolic size, else the size inputs), at every size."""
+    slices become one view, at every size. Written with -1 for a lone symbolic size, the view is
+    the kernel's access pattern for the mask (no view in the host code); written with the size
+    inputs, it stays one view in the host code."""
     def fill(x, mask):
         return (x + 1).masked_fill(mask[:, None, None, :], -1.0)
     compiled = compile_with_plan(fill, {"extends": "default", "options": {"capture": capture}})
@@ -235,8 +237,11 @@ def test_a_chain_of_unit_axes_on_a_symbolic_input_is_one_view(capture, written):
         problem = compare(fill(x, mask), compiled(x, mask), what=f"length {s}")
         assert problem is None, problem
     code = compilation_of(compiled).graphs[-1].final_code
-    assert "unsqueeze" not in code and "slice" not in code and code.count("aten_view(") == 1, code
-    assert "aten_view(arg" in code and written in code.split("aten_view(")[1].split(")")[0], code
+    assert "unsqueeze" not in code and "slice" not in code, code
+    if written is None:
+        assert "aten_view(" not in code, code
+    else:
+        assert code.count("aten_view(") == 1 and written in code.split("aten_view(")[1].split(")")[0], code
 
 
 def test_a_plan_declares_batch_dynamic_and_keeps_other_sizes_static():

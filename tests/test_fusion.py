@@ -520,3 +520,45 @@ def test_eval_batch_norm_is_one_kernel_with_the_relu_after_it():
     record = compilation_of(compiled).graphs[0]
     assert record.kernels == 2, record.contents["kernels"]
     assert not [op for op in record.contents["extern_calls"] if "batch_norm" in op]
+
+
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
+def test_per_channel_views_of_parameters_are_the_kernels_access_patterns(layout):
+    """The batch norm's ``view(weight, [C, 1, 1])`` and its kind are read by the kernel through
+    their layout: the host code makes no view, at either memory layout of the activations."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU()).eval()
+    model[1].running_mean.normal_()
+    model[1].running_var.uniform_(0.5, 2.0)
+    model = model.to(memory_format=layout)
+    compiled = compile_with_plan(model, "default")
+    with torch.no_grad():
+        x = torch.randn(3, 4, 10, 10).contiguous(memory_format=layout)
+        assert compare(model(x), compiled(x)) is None
+    record = compilation_of(compiled).graphs[0]
+    assert record.kernels == 1 and "aten_view" not in record.final_code, record.final_code
+    assert any("read as the kernels' access patterns" in n["message"] for n in record.notes)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=st.lists(st.integers(1, 6), min_size=1, max_size=3), rank=st.integers(2, 4), data=st.data())
+def test_unit_reshapes_of_inputs_read_by_a_kernel_preserve_semantics(shape, rank, data):
+    """A unit reshape (added or dropped size-1 axes, an expand) of an input, read only by one
+    kernel, joins it and is read through its layout: the result matches eager for any placement
+    of the unit axes and either operand order."""
+    rank = max(rank, len(shape))
+    positions = sorted(data.draw(st.lists(st.integers(0, rank - 1), min_size=len(shape), max_size=len(shape),
+                                          unique=True)))
+    viewed = [1] * rank
+    for position, size in zip(positions, shape):
+        viewed[position] = size
+    domain = [s if s != 1 else data.draw(st.integers(1, 4)) for s in viewed]
+    flip = data.draw(st.booleans())
+    torch._dynamo.reset()
+
+    def fn(x, v):
+        w = v.view(viewed)
+        return torch.relu(x * 2 + w) if flip else torch.tanh(w - x)
+    x, v = torch.randn(domain), torch.randn(shape)
+    record = compiled_record(fn, x, v, plan="default")
+    assert "aten_view" not in record.final_code

@@ -9,7 +9,9 @@ Each group becomes one node calling a
 :class:`passes.kernel_ir.groups.FusedGroup`, which runs the group eagerly until ``codegen`` gives it a kernel.
 Legality (legality.py) is separate from profitability (choices.py); every rejected candidate is
 recorded with its reason. A ``constant_pad_nd`` appending to trailing dims of a group's result that
-nothing else reads joins that group as an output pad (:data:`passes.kernel_ir.groups.PAD`).
+nothing else reads joins that group as an output pad (:data:`passes.kernel_ir.groups.PAD`). A unit
+reshape of a value from outside whose users are all in one group joins it: the kernel reads the
+value through the reshape's layout (a batch norm's per-channel parameters, viewed as ``[C, 1, 1]``).
 """
 from __future__ import annotations
 
@@ -27,8 +29,8 @@ from passes.kernel_ir import rules
 from .canonicalize import FUSION_DECOMPOSITIONS, fold_lone_scalar_fills, split_shared_sources
 from .choices import FusionChoices
 from .dependencies import Dependencies
-from .legality import (Group, can_grow, classify, creates_cycle, independent_merge_problem, merge_problem,
-                       shape_problem, sources_only)
+from .legality import (Group, can_grow, classify, creates_cycle, independent_merge_problem, input_reshape_problem,
+                       merge_problem, shape_problem, sources_only)
 from .gathers import sink_gathers
 from .onehot import sum_one_hots
 from .views import hoist_pads, move_views
@@ -61,7 +63,7 @@ class Fuse(Pass):
 
     name = "fuse"
     Options = FuseOptions
-    version = "13"
+    version = "14"
     cache_material = rules.cache_material   # rules a plugin adds or replaces change the output
     requires = frozenset({"functional", "aten"})
     provides = frozenset({"fused"})
@@ -95,10 +97,13 @@ class Fuse(Pass):
         # per concrete size, where a group whose shapes do not line up runs eagerly.
         with compat.guards_suppressed(context.example_inputs):
             groups = self.form_groups(graph, context)
-        kept = [g for g in groups if any(classify(n)[0] != "reshape" for n in g.nodes) and not sources_only(g)]
+            kept = [g for g in groups if any(classify(n)[0] != "reshape" for n in g.nodes) and not sources_only(g)]
+            absorbed = absorb_input_reshapes(graph, kept)
         if not kept:
             context.note("no fusable nodes", topic="fusion")
             return graph
+        if absorbed:
+            context.note(f"{absorbed} reshape(s) of kernel inputs read as the kernels' access patterns", topic="fusion")
         context.note(f"{len(kept)} fused group(s) from "
                      f"{sum(len(g.nodes) for g in kept)} nodes", topic="fusion")
         graph = rebuild(graph, kept)
@@ -212,6 +217,29 @@ def _absorb(target: Group, other: Group, group_of: dict, depends_on: Dependencie
         group_of[member] = target
     depends_on.merged(target.id, other.id)
     target.merge(other, order)
+
+
+def absorb_input_reshapes(graph: torch.fx.GraphModule, groups: list[Group]) -> int:
+    """Move into its group each unit reshape outside every group whose users are all in that one
+    group (a batch norm's per-channel ``view(weight, [C, 1, 1])``): the kernel then reads the
+    reshape's input through the reshape's layout, and the host code makes no view for it. Returns
+    how many moved."""
+    group_of = {n: g for g in groups for n in g.nodes}
+    order = {n: i for i, n in enumerate(graph.graph.nodes)}
+    moved = 0
+    for node in graph.graph.nodes:
+        if node in group_of or classify(node)[0] != "reshape" or not node.users:
+            continue
+        owners = {group_of.get(user) for user in node.users}
+        if len(owners) != 1 or None in owners:
+            continue
+        group = owners.pop()
+        if input_reshape_problem(group, node) is None:
+            group.nodes = sorted(group.nodes + [node], key=order.__getitem__)
+            group.members.add(node)
+            group_of[node] = group
+            moved += 1
+    return moved
 
 
 def output_pad_group(node: torch.fx.Node, group_of: dict, depends_on: Dependencies) -> Group | None:

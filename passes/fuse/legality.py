@@ -115,6 +115,25 @@ def shape_problem(group: Group, node: torch.fx.Node, kind: str) -> str | None:
     return None
 
 
+def input_reshape_problem(group: Group, node: torch.fx.Node) -> str | None:
+    """Why the unit reshape ``node`` of a value from outside ``group``, read only by the group, cannot
+    join it as an access pattern (its kernel reading the value through the reshape's layout), or None."""
+    source = node.args[0] if node.args else None
+    if not isinstance(source, torch.fx.Node) or source in group.members:
+        return "it reshapes a value of the group"
+    value, reshaped = meta_of(source), meta_of(node)
+    if not (isinstance(value, torch.Tensor) and isinstance(reshaped, torch.Tensor)):
+        return "not a tensor"
+    if value.device != group.device or value.dtype != reshaped.dtype:
+        return "another device or dtype"
+    if reshaped.storage_offset() != value.storage_offset():
+        return "the reshape moves the storage offset"
+    order = {n: i for i, n in enumerate(node.graph.nodes)}
+    nodes = sorted(group.nodes + [node], key=order.__getitem__)
+    levels, why = group_levels(nodes, tuple(group.domain), tuple(group.reduced))
+    return why if levels is None else None
+
+
 def _reshapes_member_ramp(group: Group, node: torch.fx.Node) -> bool:
     """A reshape of an index ramp computed in the group is itself a ramp (computed from the loop
     indices, so it needs no eager broadcasting to line up)."""

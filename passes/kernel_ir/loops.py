@@ -131,7 +131,10 @@ def analyze(group: FusedGroup) -> LoopNest:
             value = meta_of(arg)
             if not isinstance(value, torch.Tensor):
                 raise UnsupportedGroup(f"input {arg.name} is not a tensor")
-            shape, strides = shape_of(arg), strides_of(arg)
+            # A unit reshape of an input (fuse moves reshapes of kernel inputs into the group) reads
+            # the input through the reshape's layout: a view of the same storage at the same offset.
+            view = node if packet_name(node.target) in UNIT_RESHAPES else arg
+            shape, strides = shape_of(view), strides_of(view)
             if not (known_sizes(shape) and known_sizes(strides)):
                 raise UnsupportedGroup(f"input {arg.name} has dynamic shape or strides")
             raw_loads[(arg, node)] = _strides_for(shape, strides, consumer_shape, domain, reduced)
