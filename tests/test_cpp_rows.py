@@ -75,3 +75,51 @@ def test_outputs_sharing_the_cached_value_are_both_right(rows):
         e = (x - x.amax(-1, keepdim=True)).exp()
         return e / e.sum(-1, keepdim=True), e * 3
     compiled_kernels(two_outputs, torch.randn(rows, 500))
+
+
+def test_a_reduction_over_axes_around_a_kept_one_loops_over_each_axis():
+    """A batch norm's statistics reduce (N, H, W) around the channels: one loop per reduced axis,
+    so no element's indices cost a division, and the innermost loop walks H*W contiguously."""
+    def channel_stats(x):
+        mean = x.mean((0, 2, 3), keepdim=True)
+        return ((x - mean) ** 2).mean((0, 2, 3)), mean
+    (source,) = compiled_kernels(channel_stats, torch.randn(3, 5, 4, 6))
+    assert "for (int64_t i0 = 0; i0 < INT64_C(3); ++i0)" in source, source
+    assert "for (int64_t i2 = 0; i2 < INT64_C(24); ++i2)" in source, source
+    assert " / INT64_C(" not in source and " % INT64_C(" not in source, source
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=st.lists(st.integers(1, 5), min_size=3, max_size=4), data=st.data())
+def test_property_reductions_over_unmergeable_axes_match_eager(shape, data):
+    axes = sorted(data.draw(st.lists(st.integers(0, len(shape) - 1), min_size=2, max_size=len(shape) - 1,
+                                     unique=True)))
+    operation = data.draw(st.sampled_from(["sum", "amax", "centered"]))
+
+    def reduce(x):
+        if operation == "sum":
+            return (x * 2).sum(axes)
+        if operation == "amax":
+            return x.exp().amax(axes)
+        return (x - x.amin(axes, keepdim=True)).sum(axes)
+    compiled_kernels(reduce, torch.randn(shape))
+
+
+def test_a_batch_norms_running_statistics_join_its_statistics_kernel():
+    """In training mode the running mean and variance (scaled per channel) are computed in the
+    kernel that computes the batch statistics: one kernel per batch norm, besides the count of
+    batches tracked."""
+    torch.manual_seed(0)
+    norm = torch.nn.BatchNorm2d(6).train()
+    compiled = compile_with_plan(norm, "default")
+    x = torch.randn(4, 6, 5, 5)
+    reference = torch.nn.BatchNorm2d(6).train()
+    with torch.no_grad():
+        expected, got = reference(x), compiled(x)
+    assert compare(expected, got) is None
+    torch.testing.assert_close(norm.running_mean, reference.running_mean)
+    torch.testing.assert_close(norm.running_var, reference.running_var)
+    from pipeline import compilation_of
+    record = compilation_of(compiled).graphs[0]
+    per_channel = [k for k in record.contents["kernels"] if "reduction" in k["kind"]]
+    assert len(per_channel) == 1 and record.kernels <= 2, record.contents["kernels"]

@@ -211,7 +211,7 @@ class Codegen(Pass):
 
     name = "codegen"
     Options = CodegenOptions
-    version = "20"
+    version = "21"
     cache_material = rules.cache_material   # rules a plugin adds or replaces change the output
     requires = frozenset({"fused"})
     provides = frozenset({"codegen"})

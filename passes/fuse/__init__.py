@@ -63,7 +63,7 @@ class Fuse(Pass):
 
     name = "fuse"
     Options = FuseOptions
-    version = "14"
+    version = "15"
     cache_material = rules.cache_material   # rules a plugin adds or replaces change the output
     requires = frozenset({"functional", "aten"})
     provides = frozenset({"fused"})
@@ -227,7 +227,7 @@ def absorb_input_reshapes(graph: torch.fx.GraphModule, groups: list[Group]) -> i
     group_of = {n: g for g in groups for n in g.nodes}
     order = {n: i for i, n in enumerate(graph.graph.nodes)}
     moved = 0
-    for node in graph.graph.nodes:
+    for node in reversed(graph.graph.nodes):     # a chain of reshapes joins from its last one up
         if node in group_of or classify(node)[0] != "reshape" or not node.users:
             continue
         owners = {group_of.get(user) for user in node.users}

@@ -164,15 +164,19 @@ def can_grow(group: Group, shape: tuple, node: torch.fx.Node | None) -> bool:
 def merge_problem(target: Group, other: Group, node: torch.fx.Node, depends_on: "Dependencies",
                   order: dict) -> str | None:
     """Why sibling group ``other`` cannot merge into ``target`` as ``node`` joins it (None if it can)."""
-    from passes.kernel_ir.groups import broadcasts_to
+    from passes.kernel_ir.groups import broadcasts_to, outer_axis_map
     if other.device != target.device:
         return "different devices"
     if other.reduced:
         if other.domain != target.domain or (target.reduced and other.reduced != target.reduced):
             return "reductions over different domains or axes"
     elif tuple(other.domain) != tuple(target.domain):
+        # A pointwise sibling over the reduction's kept axes (a batch norm's running statistics,
+        # scaled per channel) joins as values computed once per output row.
+        outer = bool(target.reduced) and outer_axis_map(tuple(other.domain), tuple(target.domain),
+                                                        tuple(target.reduced)) is not None
         fits = broadcasts_to(other.domain, target.domain) or ramps_only(other)
-        if not (fits and other.only_used_inside(node)):
+        if not (outer or fits and other.only_used_inside(node)):
             return f"domain {tuple(other.domain)} does not broadcast to {tuple(target.domain)}"
     reduced = tuple(target.reduced or other.reduced)
     merged = sorted(target.nodes + other.nodes, key=lambda n: order[n]) + [node]

@@ -351,28 +351,50 @@ class KernelWriter:
             self.cache_out = plan["writes"][p]
             for r in these:
                 self.init_reduction(2, r)
-            pragma = self.simd_pragma(these)
-            if pragma:
-                self.emit(2, pragma)
-            self.emit(2, f"for (int64_t r = 0; r < {c_size(red_total)}; ++r) {{")
-            if red:
-                self.decompose(3, "r", red)
+            depth = self.open_reduced_loops(2, red, red_total, self.simd_pragma(these))
             saved = dict(self.var)
             for node in needed:
-                self.compute(3, node, "full")
+                self.compute(depth, node, "full")
             for r in these:
-                self.update_reduction(3, r)
+                self.update_reduction(depth, r)
             for node in stores:
-                self.store(3, node, outputs[node].strides, "full")
+                self.store(depth, node, outputs[node].strides, "full")
             self.var = saved
             self.cached_in, self.cache_out = {}, {}
-            self.emit(2, "}")
+            for level in range(depth - 1, 1, -1):
+                self.emit(level, "}")
             for r in these:
                 self.finish_reduction(2, r)
         for node, access in nest.outputs:
             if nest.level[node] == "outer":
                 self.store(2, node, access.strides, "outer")
         self.emit(1, "}")
+
+    def open_reduced_loops(self, depth: int, red: list, red_total, pragma: str) -> int:
+        """Open the loops of one pass over the reduced axes; returns the depth of their body, which
+        sees ``r`` (the flat reduced index: row buffers, argmax) and ``i<axis>`` of each reduced axis.
+
+        One reduced loop axis: one loop over ``r``. Several (reduced axes the layout cannot merge,
+        a batch norm's (N, H, W) around its channels): one loop per axis, the innermost under
+        ``pragma``, so no element pays a division to find its indices and the innermost loop
+        walks its axis with a constant stride."""
+        if len(red) <= 1:
+            if pragma:
+                self.emit(depth, pragma)
+            self.emit(depth, f"for (int64_t r = 0; r < {c_size(red_total)}; ++r) {{")
+            if red:
+                self.decompose(depth + 1, "r", red)
+            return depth + 1
+        sizes = self.nest.sizes
+        flat = "INT64_C(0)"
+        for k, axis in enumerate(red):
+            if k == len(red) - 1 and pragma:
+                self.emit(depth + k, pragma)
+            self.emit(depth + k, f"for (int64_t i{axis} = 0; i{axis} < {c_size(sizes[axis])}; ++i{axis}) {{")
+            flat = f"({flat} * {c_size(sizes[axis])} + i{axis})"
+        body = depth + len(red)
+        self.emit(body, f"const int64_t r = {flat};")
+        return body
 
     def pass_plan(self, full_nodes: list, reductions: list, outputs: dict, red_total: int) -> dict:
         """What each pass computes, and which expensive values computed in one pass are kept in a
