@@ -27,7 +27,7 @@ aten = torch.ops.aten
 @attrs.frozen
 class PadMmOptions:
     multiple: int = option(8, "Pad K and N (and M of a transposed left operand) up to a multiple of this "
-                                "many elements.", check=positive)
+                                "many elements.", check=positive, tune=(8, 16, 64))
     min_size: int = option(1024, "Only pad matmuls whose N (or K) is at least this large.", check=positive)
     devices: list[str] = option(["cuda"], "Devices whose matmuls are padded (cuBLAS is what needs it).",
                                 check=device_types)

@@ -62,7 +62,8 @@ class PartitionOptions:
         "recompute-pointwise",
         "save-all: the backward reads every forward value it needs; recompute-pointwise: recompute "
         "chains of pointwise ops, casts and views in the backward when that keeps fewer bytes alive "
-        "(this project's heuristic); min-cut: torch's min-cut rematerialization partitioner.")
+        "(this project's heuristic); min-cut: torch's min-cut rematerialization partitioner.",
+        tune=("save-all", "recompute-pointwise", "min-cut"))
     memory_budget: float | None = option(
         None, "Most activation bytes to keep for the backward: above 1 in bytes, up to 1 as a fraction "
               "of what save-all keeps. Recompute-pointwise stops recomputing once it fits; min-cut gets "

@@ -31,6 +31,8 @@ from pipeline.logs import configure_from_env as _configure_logs, get_logger, set
 from pipeline.tools.report import compile_report, write_report
 from pipeline.tools.explain import Explanation, explain
 from pipeline.tools.bisect import BisectResult, bisect
+from pipeline.tools.tune import TuneResult, tune
+from pipeline.tools.profile import Profile, profile
 from pipeline.cache.artifacts import ArtifactError, describe_artifacts, load_artifacts, save_artifacts
 
 _configure_logs()   # PIPELINE_LOGS
@@ -79,6 +81,6 @@ __all__ = [
     "explain", "Explanation", "compile_report", "write_report", "bisect", "BisectResult", "Fuel",
     "get_logger", "set_logs",
     "Metric", "Outcome",
-    "Metric", "Outcome",
+    "tune", "TuneResult", "profile", "Profile",
     "save_artifacts", "load_artifacts", "describe_artifacts", "ArtifactError",
 ]

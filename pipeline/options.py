@@ -31,11 +31,14 @@ _NO_DEFAULT = attrs.NOTHING
 
 
 def option(default: Any, doc: str, *, check: Callable[[Any], str | None] | None = None,
-           finite: bool = True) -> Any:
+           finite: bool = True, tune: tuple | list | None = None) -> Any:
     """Declare one option: its default, a one-line doc, and an optional check returning an error
     message (or None) for a well-typed but invalid value. ``finite=False`` lets a float option (or
-    floats inside a list or mapping option) be NaN or infinite."""
-    metadata = {"doc": doc, "check": check, "finite": finite}
+    floats inside a list or mapping option) be NaN or infinite. ``tune`` makes the option tunable:
+    the values ``pipeline tune`` tries for it (any value it tries must keep the model's results
+    correct: an option that trades exactness for speed, or whose safety depends on how the user
+    changes the model later, is not tunable)."""
+    metadata = {"doc": doc, "check": check, "finite": finite, "tune": tuple(tune) if tune is not None else None}
     if isinstance(default, (list, dict, set)):
         value = default
         return attrs.field(factory=lambda: type(value)(value), metadata=metadata)
@@ -88,6 +91,7 @@ class OptionInfo:
     type: str
     default: Any
     doc: str
+    tune: tuple | None = None     # the values pipeline tune tries (None: not tunable)
 
 
 def option_class_problem(cls: Any) -> str | None:
@@ -317,6 +321,12 @@ def describe(cls: type) -> list[OptionInfo]:
         default = field.default
         if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
             default = default.factory()
+        tune = field.metadata.get("tune")
         infos.append(OptionInfo(field.name, type_name(hints[field.name]), _plain(default),
-                                field.metadata.get("doc", "")))
+                                field.metadata.get("doc", ""), tuple(_plain(v) for v in tune) if tune else None))
     return infos
+
+
+def tunable(cls: type) -> list[tuple[str, tuple]]:
+    """``(option, values)`` for each option of ``cls`` declared with ``tune``, in declaration order."""
+    return [(f.name, f.metadata["tune"]) for f in attrs.fields(cls) if f.metadata.get("tune")]

@@ -92,11 +92,18 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
+CPU_PAUSE = 0.05     # seconds between variants on the CPU (see interleaved)
+
+
 def interleaved(calls: dict[str, Callable[[], Any]], device: str, *, rounds: int = 7, iters: int = 10,
                 warmup: int = 3) -> dict[str, dict]:
     """Per variant: median and spread of ms per call over ``rounds`` rounds, each round timing
-    ``iters`` calls of every variant in turn (the order rotating round by round, so drift on a
-    noisy host hits all variants alike). CUDA events on the GPU, ``perf_counter`` on the CPU."""
+    ``iters`` calls of every variant in turn (the order rotating round by round, and reversed every
+    other round, so drift on a noisy host hits all variants alike and no variant always follows
+    the same one). CUDA events on the GPU, ``perf_counter`` on the CPU, where each variant's calls
+    start after a pause of CPU_PAUSE seconds: the OpenMP threads of the variant before (Inductor's
+    kernels, eager's ATen ops, our kernels) spin for a while after their last parallel region, and
+    on a host with few cores that spinning would slow down whichever variant comes next."""
     names = list(calls)
     for name in names:
         for _ in range(warmup):
@@ -105,7 +112,9 @@ def interleaved(calls: dict[str, Callable[[], Any]], device: str, *, rounds: int
     samples: dict[str, list[float]] = {name: [] for name in names}
     for round_ in range(rounds):
         order = names[round_ % len(names):] + names[:round_ % len(names)]
-        for name in order:
+        for name in (reversed(order) if round_ % 2 else order):
+            if not device.startswith("cuda"):
+                time.sleep(CPU_PAUSE)
             samples[name].append(_time_calls(calls[name], device, iters))
     return {name: {"ms": statistics.median(s), "min_ms": min(s), "max_ms": max(s), "rounds": s}
             for name, s in samples.items()}

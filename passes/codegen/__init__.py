@@ -48,13 +48,14 @@ class CodegenOptions:
         True, "Round fp16/bf16 intermediates after every op, as eager does (off: keep fp32 between ops).")
     autotune: bool = option(
         False, "triton: time candidate launch shapes (block sizes, rows per program, warps) of every CUDA "
-               "kernel once and keep the fastest; the choice is cached on disk beside the kernels.")
+               "kernel once and keep the fastest; the choice is cached on disk beside the kernels.", tune=(False, True))
     fold_views: bool = option(
         True, "Replace each chain of view operators on a computed tensor (view, permute, split...) by one "
-              "as_strided call with the chain's layout (symbolic sizes computed from the graph's size inputs).")
+              "as_strided call with the chain's layout (symbolic sizes computed from the graph's size inputs).",
+        tune=(True, False))
     lower_linear: bool = option(
         True, "Call aten.linear for addmm/mm of a transposed 2-D weight (the same ATen kernel, one call "
-              "instead of two).")
+              "instead of two).", tune=(True, False))
     reuse_buffers: list[str] = option(
         ["cuda"], "Devices where a generated kernel writes an output into the buffer of a tensor that died "
                   "before the call with the same layout, instead of allocating one (fewer allocator calls "
@@ -67,7 +68,7 @@ class CodegenOptions:
         True, "triton: run rows stored with a padded pitch (pad-mm's 50257-wide logits in 50264-wide rows) "
               "over the padded extent, so their loads and stores vectorize, and write output pads' padding "
               "in the kernel; each call checks that such inputs' storage holds the padding, else the exact "
-              "kernel runs (see passes/codegen/triton/pitch.py).")
+              "kernel runs (see passes/codegen/triton/pitch.py).", tune=(True, False))
     eager_norm_statistics: bool = option(
         True, "triton: compute the mean and variance of a row of at most eager_norm_max_row elements (layer "
               "norm's) in the order of ATen's CUDA layer-norm kernel (Welford in 128 threads, its shuffle "
@@ -80,7 +81,8 @@ class CodegenOptions:
     split_reductions: bool = option(
         True, "triton: run a reduction over a strided axis that would launch few programs (a backward's "
               "bias and norm-weight column sums) as two kernels: partial results over chunks of rows, "
-              "then their combination with the group's epilogue (see passes/codegen/triton/split.py).")
+              "then their combination with the group's epilogue (see passes/codegen/triton/split.py).",
+        tune=(True, False))
     compile_workers: int = option(
         8, "triton: threads compiling a graph's distinct CUDA kernels in parallel when it is generated, "
            "before their first launch (0: each kernel compiles at its first launch, one after another).",

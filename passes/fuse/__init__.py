@@ -38,15 +38,16 @@ from .views import hoist_pads, move_views
 
 @attrs.frozen
 class FuseOptions:
-    max_group_size: int = option(64, "Most ATen nodes one fused group may hold.", check=positive)
+    max_group_size: int = option(64, "Most ATen nodes one fused group may hold.", check=positive, tune=(16, 64, 256))
     reductions: bool = option(True, "Fuse reductions with their pointwise prologue and epilogue.")
     move_views: bool = option(True, "Move reshapes across elementwise nodes so the elementwise work "
                                     "joins the kernel on the other side, and end pads above reshapes so "
-                                    "they become a kernel's padded output (see passes/fuse/views.py).")
+                                    "they become a kernel's padded output (see passes/fuse/views.py).",
+                            tune=(True, False))
     horizontal: bool = option(True, "Horizontal fusion: merge sibling groups that read the same input where they "
                                     "meet again, and a reduction into the reduction group formed just before it "
                                     "when both iterate the same domain and neither depends on the other (one "
-                                    "launch for a layer's bias-gradient sums).")
+                                    "launch for a layer's bias-gradient sums).", tune=(True, False))
     sum_one_hots: bool = option(True, "Compute sum(where(iota == index, value, 0) * weight) along the ramp's "
                                       "axis as the one element it picks, instead of a pass over every row "
                                       "(cross-entropy's backward; see passes/fuse/onehot.py).")

@@ -59,7 +59,7 @@ class MatmulTemplateOptions:
         "autotune", "autotune: time the template's candidates against the extern matmul plus its epilogue "
                     "kernel on the GPU and use the template only where it is faster (no GPU: extern kept); "
                     "always: use the first candidate without timing (tests, the Triton interpreter); "
-                    "never: leave every matmul extern.")
+                    "never: leave every matmul extern.", tune=("autotune", "never"))
     min_flops: int = option(
         100_000_000, "Matmuls of fewer floating-point operations (2*M*N*K) keep the extern call without "
                      "timing anything (launch costs dominate there).", check=non_negative)

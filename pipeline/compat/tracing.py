@@ -62,11 +62,11 @@ def retrace(fn: Callable, example_inputs: list, *, decompositions: dict | None =
     become one ``copy_`` into the input at the end of the graph. ``remove="mutations_and_views"``
     also turns every view into its ``*_copy`` operator."""
     from torch.fx.experimental.proxy_tensor import make_fx
-    target = fn
+    target = _keeping_node_meta(fn) if isinstance(fn, torch.fx.GraphModule) else fn
     dispatcher = contextlib.nullcontext()
     if functionalize:
         from torch._dispatch.python import enable_python_dispatcher
-        target = _functionalized(fn)
+        target = _functionalized(target)
         dispatcher = enable_python_dispatcher()
     fake_mode = fake_mode_of(example_inputs)
     if fake_mode is None:
@@ -87,6 +87,18 @@ def retrace(fn: Callable, example_inputs: list, *, decompositions: dict | None =
     if functionalize and remove == "mutations_and_views":
         _views_to_copies(traced)
     return traced
+
+
+def _keeping_node_meta(gm: torch.fx.GraphModule) -> Callable:
+    """``gm`` run node by node with each node's metadata current, so that every node a re-trace
+    makes from it keeps where it came from in the user's code (``stack_trace``, the module stack),
+    as AOTAutograd does: reports and profiles name source lines after any number of passes."""
+    from torch.fx import traceback as fx_traceback
+
+    def run(*args: Any) -> Any:
+        with fx_traceback.preserve_node_meta():
+            return torch.fx.Interpreter(gm).run(*args)
+    return run
 
 
 def tracing_now() -> bool:

@@ -27,6 +27,8 @@ def _cmd_passes(args: argparse.Namespace) -> int:
         for info in describe(cls.Options):
             print(f"    {info.name}: {info.type} = {_yaml_value(info.default)}")
             print(f"        {info.doc}")
+            if info.tune:
+                print(f"        tunable: {', '.join(_yaml_value(v) for v in info.tune)}")
         print()
     return 0
 
@@ -172,6 +174,35 @@ def _cmd_repro(args: argparse.Namespace) -> int:
     return 1
 
 
+def _target_on(target: str, device: str | None) -> tuple:
+    """``(model, inputs)`` of a model script, moved to ``device`` when one is named."""
+    from pipeline.tools.bisect import load_target
+    model, inputs = load_target(target)
+    if device:
+        import torch
+        model = model.to(device) if isinstance(model, torch.nn.Module) else model
+        inputs = tuple(v.to(device) if isinstance(v, torch.Tensor) else v for v in inputs)
+    return model, inputs
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from pipeline.tools.tune import tune
+    model, inputs = _target_on(args.target, args.device)
+    result = tune(model, *inputs, base=args.base, budget=args.budget, training=args.training, out=args.out,
+                  name=args.name)
+    print(result.table())
+    print(f"wrote {result.path}: extends {result.winner.base}"
+          + (f", changes {result.plan.get('options')}" if result.plan.get("options") else ", no option changed"))
+    return 0
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from pipeline.tools.profile import profile
+    model, inputs = _target_on(args.target, args.device)
+    print(profile(model, *inputs, plan=args.plan, calls=args.calls, training=args.training).table(args.limit))
+    return 0
+
+
 def _cmd_artifacts(args: argparse.Namespace) -> int:
     from pipeline.cache.artifacts import describe_artifacts, load_artifacts, save_artifacts
     from pipeline.cache import cache_root
@@ -232,6 +263,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--atol", type=float, default=None, help="absolute tolerance (default: per dtype)")
     p.add_argument("--no-fuel", action="store_true", help="do not bisect the rewrites of the pass found")
     p.set_defaults(func=_cmd_bisect)
+    target_help = ("path/to/file.py[:factory] or package.module[:factory]; the factory (default model_and_inputs) "
+                   "returns (model, inputs)")
+    p = sub.add_parser("tune", help="find the fastest plan that matches eager for a model, by measuring it; "
+                                    "write it as a small plan extending a built-in one")
+    p.add_argument("target", help=target_help)
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="move the model and inputs there first")
+    p.add_argument("--budget", type=float, default=300.0, help="seconds for the search (default 300)")
+    p.add_argument("--base", default=None, help="start from this plan only (default: the built-in plans)")
+    p.add_argument("--out", default="tuned.yaml", help="where to write the plan (default tuned.yaml)")
+    p.add_argument("--name", default=None, help="the written plan's name (default tuned-<model class>)")
+    p.add_argument("--training", action="store_true", help="tune a training step (forward, loss, backward)")
+    p.set_defaults(func=_cmd_tune)
+    p = sub.add_parser("profile", help="time per call of each generated kernel and extern call of a compiled "
+                                       "model, with its fused group and source lines")
+    p.add_argument("target", help=target_help)
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="move the model and inputs there first")
+    p.add_argument("--plan", default="default", help="plan name or path (default: default)")
+    p.add_argument("--calls", type=int, default=10, help="calls profiled (default 10)")
+    p.add_argument("--limit", type=int, default=30, help="rows shown (default 30)")
+    p.add_argument("--training", action="store_true", help="profile a training step (forward, loss, backward)")
+    p.set_defaults(func=_cmd_profile)
     p = sub.add_parser("repro", help="replay a reproducer written by verify: each (exit 1 when it still fails)")
     p.add_argument("directory", help="the reproducer folder")
     p.add_argument("--minimize", action="store_true", help="shrink the graph while it keeps failing the same way")

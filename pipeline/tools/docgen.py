@@ -102,7 +102,8 @@ def _options_table(infos: Iterable[OptionInfo]) -> list[str]:
         return ["No options."]
     lines = ["| option | type | default | meaning |", "|---|---|---|---|"]
     for info in infos:
-        lines.append(f"| `{info.name}` | `{_cell(info.type)}` | `{_cell(_yaml_value(info.default))}` "
+        tuned = f" (tunable: {', '.join(f'`{_cell(_yaml_value(v))}`' for v in info.tune)})" if info.tune else ""
+        lines.append(f"| `{info.name}` | `{_cell(info.type)}` | `{_cell(_yaml_value(info.default))}`{tuned} "
                      f"| {_cell(info.doc)} |")
     return lines
 

@@ -87,6 +87,8 @@ def build_report(compilation: Any) -> dict:
                       "where": c["where"], "guards": c["guards"], "inputs": c["inputs"]}
                      for c in compilation.captures],
         "graphs": graphs,
+        # Time per call of each kernel and extern call, when pipeline.profile ran the model.
+        "profile": getattr(compilation, "profile_data", None),
         "expectations": expectation_results(compilation),
         # Report-page sections the registered metrics add: id -> (title, metric name).
         "metric_sections": {sid: [title, name] for name, m in metrics.items() for sid, (title, _) in m.sections.items()},

@@ -22,6 +22,7 @@ SECTIONS = {
     "guards": "Guards and recompiles",
     "cache": "Cache",
     "saved-tensors": "Saved for backward",
+    "profile": "Profile per call",
     "graphs": "Graphs before and after each pass",
 }
 
@@ -222,10 +223,22 @@ def _graphs(report: dict) -> str:
     return html or none("No graph was compiled.")
 
 
+def _profile(report: dict) -> str:
+    profile = report.get("profile")
+    if not profile:
+        return none("Not profiled: pipeline.profile(model, *inputs, report=folder) or `pipeline profile` adds "
+                    "this section.")
+    rows = [[f"{u['share']:.1%}", f"{u['ms']:.4f}", escape(u["kind"]), escape(u["name"]), escape(u["group"] or ""),
+             "<br>".join(escape(line) for line in u["source"]) or none("no source line")]
+            for u in profile["units"]]
+    return (f"<p>{profile['total_ms']:.3f} ms per call ({escape(profile['time'])}, {profile['calls']} calls profiled)</p>"
+            + table(["share", "ms per call", "kind", "name", "fused group", "source lines"], rows))
+
+
 _RENDERERS = {
     "summary": _summary, "expectations": _expectations, "plan": _plan, "pass-times": _pass_times,
     "graph-breaks": _graph_breaks, "guards": _guards, "cache": _cache,
-    "saved-tensors": _saved_tensors, "graphs": _graphs,
+    "saved-tensors": _saved_tensors, "profile": _profile, "graphs": _graphs,
 }
 
 __all__ = ["render_html", "page_sections", "SECTIONS", "table", "pre", "none"]
