@@ -90,6 +90,10 @@ class PadMatmul(Pass):
                 if (pad_n or pad_m) and node in outputs:
                     result = graph.graph.call_function(aten.clone.default, (result,),
                                                        {"memory_format": torch.contiguous_format})
+            trace = node.meta.get("stack_trace")
+            if trace is not None:      # the padded matmul is still the user's line (reports, profiles)
+                for made in {product, result}:
+                    made.meta.setdefault("stack_trace", trace)
             node.replace_all_uses_with(result)
             graph.graph.erase_node(node)
             padded += 1

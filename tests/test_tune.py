@@ -90,7 +90,7 @@ def test_tune_writes_a_plan_extending_the_fastest_base_with_only_what_it_changed
     load_plan(str(out))
     bases = [t for t in result.trials if not t.changes]
     assert [t.name for t in bases][:1] == ["default"] and all(t.ms is not None for t in bases if t.call)
-    assert result.winner.ms <= min(t.ms for t in bases if t.ms is not None)
+    assert result.winner in bases or result.winner.verdict.endswith("kept")
     assert any(t.changes for t in result.trials), "no tunable option was tried"
     assert "<- chosen" in result.table()
 
@@ -116,7 +116,7 @@ def test_tunable_options_are_declared_with_their_values_and_shown_in_the_referen
 def test_a_trial_whose_code_equals_an_earlier_ones_is_not_timed_again():
     """On a CPU reduce-overhead compiles what default compiles (no CUDA graphs): one timing serves both."""
     model, x = Net().eval(), torch.randn(4, 32)
-    result = tune(model, x, budget=0.0, rounds=2, stream=io.StringIO())
+    result = tune(model, x, budget=5.0, rounds=2, stream=io.StringIO())
     twins = [t for t in result.trials if t.verdict.startswith("same code as")]
     assert twins and all(t.ms is not None for t in twins)
 

@@ -101,9 +101,10 @@ def interleaved(calls: dict[str, Callable[[], Any]], device: str, *, rounds: int
     ``iters`` calls of every variant in turn (the order rotating round by round, and reversed every
     other round, so drift on a noisy host hits all variants alike and no variant always follows
     the same one). CUDA events on the GPU, ``perf_counter`` on the CPU, where each variant's calls
-    start after a pause of CPU_PAUSE seconds: the OpenMP threads of the variant before (Inductor's
-    kernels, eager's ATen ops, our kernels) spin for a while after their last parallel region, and
-    on a host with few cores that spinning would slow down whichever variant comes next."""
+    start after a pause of CPU_PAUSE seconds and one untimed call: the OpenMP threads of the variant
+    before (Inductor's kernels, eager's ATen ops, our kernels) spin for a while after their last
+    parallel region, and on a host with few cores that spinning would slow down whichever variant
+    comes next; the untimed call wakes the timed variant's own threads after the pause."""
     names = list(calls)
     for name in names:
         for _ in range(warmup):
@@ -115,6 +116,7 @@ def interleaved(calls: dict[str, Callable[[], Any]], device: str, *, rounds: int
         for name in (reversed(order) if round_ % 2 else order):
             if not device.startswith("cuda"):
                 time.sleep(CPU_PAUSE)
+                calls[name]()          # untimed: wakes this variant's own threads after the pause
             samples[name].append(_time_calls(calls[name], device, iters))
     return {name: {"ms": statistics.median(s), "min_ms": min(s), "max_ms": max(s), "rounds": s}
             for name, s in samples.items()}

@@ -199,7 +199,11 @@ def source_lines(nodes: list, limit: int = 3) -> tuple:
     return tuple(sorted(counts, key=lambda f: -counts[f])[:limit])
 
 
-_SKIP = (f"{os.sep}torch{os.sep}", f"{os.sep}pipeline{os.sep}", f"{os.sep}passes{os.sep}")
+# Frames in torch and in this project are not the user's code (by the packages' own folders: a
+# virtual environment under /opt/torch/ holds user libraries too).
+_PROJECT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_SKIP = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, os.path.join(_PROJECT, "pipeline") + os.sep,
+         os.path.join(_PROJECT, "passes") + os.sep)
 
 
 def _user_frame(trace: str | None) -> str | None:
@@ -211,7 +215,7 @@ def _user_frame(trace: str | None) -> str | None:
         text = line.strip()
         if text.startswith('File "'):
             path = text.split('"')[1]
-            if any(part in path for part in _SKIP):
+            if os.path.abspath(path).startswith(_SKIP):
                 continue
             number = text.split("line ")[1].split(",")[0] if "line " in text else "?"
             code = lines[index + 1].strip() if index + 1 < len(lines) else ""

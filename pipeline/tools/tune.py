@@ -151,6 +151,9 @@ def tune(model: Any, *inputs: Any, base: str | None = None, budget: float = 300.
         stream.flush()
 
     for plan_name in bases:
+        if trials and any(t.call is not None for t in trials) and time.perf_counter() - started > budget:
+            log(f"budget spent; base plan(s) not tried: {', '.join(bases[len(trials):])}")
+            break
         capture = load_plan(plan_name, registry=registry).passes[0].name
         trial = _try(Trial(plan_name, plan_name, {}), model, runner, expected, trials, capture)
         trials.append(trial)
@@ -167,9 +170,9 @@ def tune(model: Any, *inputs: Any, base: str | None = None, budget: float = 300.
     best = min(alive, key=lambda t: t.ms)
     log(f"best base: {best.name} at {best.ms:.3f} ms (eager {eager_ms:.3f} ms)")
     search = [(p, o, v) for p, o, values, current in _space(best.base, registry) for v in values if v != current]
-    for pass_name, option, value in search:
+    for done, (pass_name, option, value) in enumerate(search):
         if time.perf_counter() - started > budget:
-            log(f"budget spent; {len(search) - (len(trials) - len(bases))} change(s) not tried")
+            log(f"budget spent; {len(search) - done} change(s) not tried")
             break
         changes = copy.deepcopy(best.changes)
         changes.setdefault(pass_name, {})[option] = value
