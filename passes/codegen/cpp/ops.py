@@ -118,6 +118,9 @@ class CppEmitter(Emitter):
         return f"pp_gelu_erf({bare(self.emit(v.args[0]))})"
 
     def formula_cube(self, v: Value) -> str | None:
-        """ATen's CPU kernel computes a bf16 ``x ** 3`` as ``x * x * x`` in bf16 (fp16 goes
-        through ``std::pow``, rounded once): with emulation, the rule's product for bf16."""
-        return self.emit(v.args[0]) if self.emulate and v.param == torch.bfloat16 else None
+        """ATen's CPU kernel computes ``x ** 3`` as ``x * x * x`` in the tensor's dtype for
+        float32, float64 and bfloat16 (the rule's product, its square rounded under emulation);
+        float16 goes through ``std::pow`` in float, rounded once, so it keeps ``pp_pow``. (The
+        product is also what keeps the loop fast: libmvec's vector ``powf`` takes a scalar path
+        for every negative base.)"""
+        return None if v.param == torch.float16 else self.emit(v.args[0])
