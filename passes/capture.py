@@ -153,7 +153,11 @@ class Capture(CapturePass):
                                          ignore_logging=ignored_logging, dict_tag_guards=opts.dict_tag_guards,
                                          trace_numpy=opts.trace_numpy, data_dependent=data_dependent)
 
-        settings = dynamo_settings(opts.data_dependent)
+        # Per grad mode, a global state Dynamo guards on: tracing an unbacked size can fail with grad
+        # enabled only (a library's backward formula), and then calls without grad keep their
+        # whole graphs (their cache entries were made under these settings).
+        whole = dynamo_settings(opts.data_dependent)
+        settings = {False: whole, True: whole}
         compiled_name = getattr(getattr(target, "__code__", None), "co_name", None) if not opts.regions else None
 
         if opts.stance != "default":
@@ -175,7 +179,7 @@ class Capture(CapturePass):
         def call(args: tuple, kwargs: dict) -> Any:
             hits = compat.recompile_limit_hit_count()
             try:
-                with settings:
+                with settings[torch.is_grad_enabled()]:
                     out = optimized(*args, **kwargs)
             except PipelineError:
                 raise
@@ -210,10 +214,9 @@ class Capture(CapturePass):
                                       f"changing dimension dynamic.", stacklevel=3)
             return out
 
-        data_dependent = opts.data_dependent
+        data_dependent = {False: opts.data_dependent, True: opts.data_dependent}
 
         def run(*args: Any, **kwargs: Any) -> Any:
-            nonlocal settings, data_dependent
             if direct is not None:
                 out = direct(args, kwargs)
                 if out is not compat.MISS:
@@ -223,15 +226,17 @@ class Capture(CapturePass):
             try:
                 return call(args, kwargs)
             except Exception as exc:
-                failure = compat.data_dependent_failure(exc) if data_dependent else None
+                grad = torch.is_grad_enabled()
+                failure = compat.data_dependent_failure(exc) if data_dependent[grad] else None
                 if failure is None:
                     raise
             # Tracing an unbacked size failed (in Dynamo, in AOTAutograd, in a library's backward
-            # formula): from now on this function is captured as without data_dependent, where
-            # the data-dependent operator breaks the graph and runs eagerly.
-            settings, data_dependent = dynamo_settings(False), False
-            context.record_graph_break(f"capture.data_dependent: tracing a data-dependent size failed ({failure}); "
-                                       f"captured again with data-dependent operators breaking the graph")
+            # formula): from now on this function is captured without data_dependent in this grad
+            # mode, where the data-dependent operator breaks the graph and runs eagerly.
+            settings[grad], data_dependent[grad] = dynamo_settings(False), False
+            context.record_graph_break(f"capture.data_dependent: tracing a data-dependent size failed ({failure}) "
+                                       f"with grad {'enabled' if grad else 'disabled'}; captured again in that "
+                                       f"mode with data-dependent operators breaking the graph")
             return call(args, kwargs)
 
         return run

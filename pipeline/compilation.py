@@ -52,6 +52,9 @@ class Compilation:
         self.registry = registry
         self.graphs: list[GraphRecord] = []
         self.graph_breaks: list[str] = []
+        # The grad modes of the calls that saw a graph break: Dynamo guards its cache entries on
+        # the grad mode, so entries made in the other mode hold whole graphs.
+        self.broken_grad_modes: set[bool] = set()
         self.captures: list[dict] = []   # what Dynamo said about each captured graph (compat.capture_details)
         self.recompiles: list[str] = []
         self.fallbacks: list[dict] = []   # calls run eagerly for a reason no single graph has (capture's recompile limit)
@@ -332,6 +335,8 @@ class Compilation:
         logger = get_logger("graph_breaks")
         for reason, count in now.items():
             new = count - self._break_baseline.get(reason, 0)
+            if new > 0:
+                self.broken_grad_modes.add(torch.is_grad_enabled())
             for _ in range(max(new, 0)):
                 self.graph_breaks.append(reason)
                 if logger.isEnabledFor(logging.INFO):

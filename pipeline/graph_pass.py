@@ -203,10 +203,14 @@ class CaptureContext:
     def record_graph_break(self, reason: str) -> None:
         """Record that capture had to split the program (with Dynamo's reason text)."""
         self.compilation.graph_breaks.append(reason)
+        self.compilation.broken_grad_modes.add(torch.is_grad_enabled())
 
     def without_graph_breaks(self) -> bool:
-        """Whether no graph break has been recorded so far (cheap: read on every call)."""
-        return not self.compilation.graph_breaks
+        """Whether no graph break has been recorded so far in calls of the current grad mode
+        (cheap: read on every call). Dynamo guards every cache entry on the grad mode, so a model
+        called once with grad enabled, whose backward breaks the graph, keeps running its whole
+        no-grad graph directly."""
+        return torch.is_grad_enabled() not in self.compilation.broken_grad_modes
 
     def expose(self, name: str, item: Any) -> None:
         """Make a live runtime object of the capture pass (for example its call counters) readable

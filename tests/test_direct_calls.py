@@ -117,6 +117,33 @@ def test_a_graph_break_turns_direct_calls_off():
     assert counts(compiled)["direct"] == 0
 
 
+def test_a_graph_break_with_grad_enabled_keeps_no_grad_calls_direct():
+    """Dynamo guards its cache entries on the grad mode: an inference model called once with grad
+    enabled, where the graph breaks (a library's backward formula, say), keeps running its whole
+    no-grad graph directly."""
+    def breaks_with_grad(x):
+        y = x.sin() * 2
+        if torch.is_grad_enabled():
+            torch._dynamo.graph_break()
+        return y + 1
+    compiled = compile_with_plan(breaks_with_grad, "default", **STATIC)
+    x = torch.randn(16)
+    with torch.no_grad():
+        for _ in range(2):
+            assert compare(breaks_with_grad(x), compiled(x)) is None
+    assert counts(compiled)["direct"] == 1
+    assert compare(breaks_with_grad(x), compiled(x)) is None          # grad enabled: a graph break
+    assert compilation_of(compiled).graph_breaks
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(16)
+            assert compare(breaks_with_grad(x), compiled(x)) is None
+    assert counts(compiled)["direct"] == 4
+    direct = counts(compiled)["direct"]
+    assert compare(breaks_with_grad(x), compiled(x)) is None          # grad enabled: through Dynamo
+    assert counts(compiled)["direct"] == direct
+
+
 def test_code_with_resume_functions_is_never_run_directly():
     """Even where no graph break was recorded, an entry whose code continues in a resume function
     (which only Dynamo's frame hook compiles) is left to Dynamo."""
