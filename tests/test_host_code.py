@@ -88,7 +88,8 @@ def test_values_are_released_after_their_last_use():
     _, record = run(attention_heads, args)
     lines = record.final_code.splitlines()
     assert any("; del " in line for line in lines)
-    released = {name.strip() for line in lines if "; del " in line for name in line.split("; del ")[1].split(",")}
+    released = {name.strip() for line in lines if "; del " in line
+                for name in line.split("#")[0].split("; del ")[1].split(",")}
     returned = lines[-1].split("return", 1)[1]
     assert not any(name in returned.replace("(", " ").replace(",", " ").split() for name in released)
 
@@ -102,7 +103,7 @@ def test_a_pointwise_kernel_writes_into_a_dying_computed_input():
     args = (torch.randn(8, 16), torch.randn(16, 32))
     out, record = run(matmul_then_pointwise, args)
     assert compare(matmul_then_pointwise(*args), out) is None
-    assert "donors=(0,))" in record.final_code
+    assert "cpp_fused_0(mm); del mm  # donors=(0,)" in record.final_code
 
 
 def test_graph_inputs_and_buffers_still_read_later_are_not_written_into():
@@ -164,3 +165,36 @@ def test_a_dead_buffer_whose_alias_is_still_read_is_not_reused():
     assert compare(f(*args), out) is None
     reused = [line.split("reuse=(")[1].split(")")[0] for line in record.final_code.splitlines() if "reuse=(" in line]
     assert reused and not any(name.strip().startswith("mm") for r in reused for name in r.split(",")), reused
+
+
+def test_a_launcher_matches_the_kernels_own_call_and_checks_layouts_like_it(monkeypatch):
+    """A call site's launcher (passes/codegen/cpp/launch.py) gives the kernel's own results: into
+    the donated input where the site says so, through the group eagerly for an input of another
+    layout or dtype."""
+    import passes.codegen as codegen
+    from passes.codegen.cpp.launch import launcher
+    made = []
+    original = codegen.Codegen.generate_cpp
+
+    def recording(self, graph, context):
+        out = original(self, graph, context)
+        made.extend(n.target for n in out.graph.nodes if isinstance(n.target, codegen.CppKernel))
+        return out
+
+    def f(x, y):
+        a = x * y + 1
+        return torch.sigmoid(a) - y, a.relu()
+    monkeypatch.setattr(codegen.Codegen, "generate_cpp", recording)
+    compile_with_plan(f, "cpu-inference")(torch.randn(8, 16), torch.randn(8, 16))
+    kernel = made[0]
+    x, y = torch.randn(8, 16), torch.randn(8, 16)
+    expected = kernel(x.clone(), y.clone())
+    donors = (-1,) * (len(expected) - 1) + (0,)          # the last output into the first input
+    plain, donating = launcher(kernel), launcher(kernel, donors)
+    for got in (plain(x.clone(), y.clone()), donating(x.clone(), y.clone())):
+        assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+    donated = x.clone()
+    assert donating(donated, y)[-1] is donated
+    strided = torch.randn(16, 8).t()                         # another layout: the group runs eagerly
+    for args in ((strided, y), (x.double(), y.double())):
+        assert all(torch.equal(a, b) for a, b in zip(plain(*args), kernel.group(*args), strict=True))

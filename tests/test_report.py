@@ -76,7 +76,8 @@ def test_report_names_graph_breaks_with_their_source_line(block_report):
     first = report["graph_breaks"][0]
     assert first["file"].endswith("test_report.py")
     assert first["code"] == "if x.abs().max().item() > 100:   # graph break: a Python branch on a tensor value"
-    assert "data-dependent branching" in first["summary"].lower()
+    # Dynamo's wording depends on whether .item() was captured (data_dependent) or broke the graph
+    assert "data-dependent" in first["summary"].lower()
 
 
 def test_report_has_each_graph_as_captured_and_after_every_pass(block_report):

@@ -26,7 +26,7 @@ import attrs
 import torch
 import torch.fx
 
-from pipeline import Pass, PassContext, device_types, non_negative, option
+from pipeline import Pass, PassContext, compat, device_types, non_negative, option
 from passes.kernel_ir.groups import CompiledKernel, FusedGroup, fill_padding, meta_of, output_buffers, output_fills
 from pipeline.cache.graph_io import Codec, UnsupportedGraph
 from passes.kernel_ir.loops import UnsupportedGroup, analyze
@@ -34,6 +34,7 @@ from passes.kernel_ir.symbolic import SizeClass, binding
 from passes.kernel_ir import rules
 
 from .cpp.build import build, digest_path
+from .cpp.launch import launcher as cpp_launcher
 from .cpp.source import kernel_source, module_source
 from .host import fold_views, lower_linear, reuse_buffers, to_host_module
 from .specialize import METRIC as SIZES_METRIC, SizeRuntime, specialize_graph
@@ -139,6 +140,13 @@ class CppKernel(CompiledKernel):
         self.function(*[t.data_ptr() for t in inputs], *[o.data_ptr() for o in outs], *self.size_args)
         return outs
 
+    def launcher(self, kwargs: dict):
+        """A launch function for one call site of the host code (see passes/codegen/cpp/launch.py):
+        for static layouts without output pads, where the site passes at most ``donors=``."""
+        if self.size_class is not None or self.fills or set(kwargs) - {"donors"}:
+            return None
+        return cpp_launcher(self, tuple(kwargs.get("donors", ())))
+
     def at(self, binding: dict) -> "CppKernel":
         """This size-class kernel (one generated for symbolic sizes) called at ``binding``
         (``{symbol: value}``): the same library function, with those sizes as its arguments."""
@@ -204,8 +212,7 @@ _is_cpu = operator.attrgetter("is_cpu")
 _dtype = operator.attrgetter("dtype")
 
 
-def _empty_cpu(shape: tuple, stride: tuple, dtype: torch.dtype) -> torch.Tensor:
-    return torch.empty_strided(shape, stride, dtype=dtype)
+_empty_cpu = compat.empty_strided_cpu()
 
 
 class Codegen(Pass):

@@ -509,6 +509,7 @@ def host_source(graph: torch.fx.Graph) -> tuple[str, dict[str, Any]]:
     params = [n.name for n in nodes if n.op == "placeholder"]
     lines = [f"def forward(self, {', '.join(params)}):" if params else "def forward(self):"]
     for node in nodes:
+        note = ""
         if node.op == "placeholder":
             continue
         if node.op == "output":
@@ -525,14 +526,19 @@ def host_source(graph: torch.fx.Graph) -> tuple[str, dict[str, Any]]:
         elif (alias := _alias_of_fresh_tensor(node, emitter)) is not None:
             expr = alias
         elif isinstance(node.target, CompiledKernel):
-            expr = emitter.call(emitter.callee(node.target), node.args,
-                                _kernel_kwargs(node, last_use, order, roots, alias_end))
+            kwargs = _kernel_kwargs(node, last_use, order, roots, alias_end)
+            launch = node.target.launcher(kwargs)
+            if launch is None:
+                expr = emitter.call(emitter.callee(node.target), node.args, kwargs)
+            else:       # the call site's keywords are built into its launcher: shown as a comment
+                expr = emitter.call(emitter.bind(launch, launch.__name__), node.args, {})
+                note = "  # " + ", ".join(f"{k}={emitter.arg(v)}" for k, v in kwargs.items()) if kwargs else ""
         else:
             expr = emitter.call(emitter.callee(node.target), node.args, node.kwargs)
         line = f"    {node.name} = {expr}" if node.users else f"    {expr}"
         if node in dies_at:
             line += f"; del {', '.join(dies_at[node])}"
-        lines.append(line)
+        lines.append(line + note)
     return "\n".join(lines) + "\n", emitter.globals
 
 

@@ -354,6 +354,14 @@ class CompiledKernel:
         self.group = group
         self.source = source
 
+    def launcher(self, kwargs: dict) -> Callable | None:
+        """A function the generated host code may call in place of this kernel at one call site
+        whose keyword arguments (``donors=``, ``reuse=``) are ``kwargs``: taking the inputs only,
+        with the same results as ``self(*inputs, **kwargs)``, specialized to the call site so
+        that less is decided per call; None where the kernel has none (it is then called as
+        itself)."""
+        return None
+
     def writes_inputs_safely(self) -> bool:
         """True when an output of this kernel may be written into one of its inputs (same shape,
         strides and dtype as the output, both covering the whole domain): a pointwise kernel of a

@@ -429,6 +429,17 @@ def cuda_launch_helpers() -> tuple[Callable, Callable]:
     return get_device, fast_empty
 
 
+def empty_strided_cpu() -> Callable:
+    """``f(sizes, strides, dtype)``: an uninitialized CPU tensor of that layout, through torch's
+    private C++ fast path when present (half the cost of ``torch.empty_strided`` per call; what
+    Inductor's generated CPU code allocates with), the public call otherwise."""
+    fast_empty = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None), "_empty_strided_cpu", None)
+    if fast_empty is None:
+        def fast_empty(size, stride, dtype):
+            return torch.empty_strided(size, stride, dtype=dtype)
+    return fast_empty
+
+
 def storage_use_count() -> Callable | None:
     """``f(storage)``: how many references the C++ storage behind ``storage`` (an
     ``UntypedStorage``) has: tensors, views and storage objects alike, whether or not Python
