@@ -109,6 +109,22 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
+@pytest.fixture
+def cpp_kernels_made(monkeypatch) -> list:
+    """A list that collects every C++ kernel ``codegen`` makes during the test."""
+    import passes.codegen as codegen
+    made: list = []
+    original = codegen.Codegen.generate_cpp
+
+    def recording(self, graph, context):
+        out = original(self, graph, context)
+        made.extend(n.target for n in out.graph.nodes if isinstance(n.target, codegen.CppKernel))
+        return out
+
+    monkeypatch.setattr(codegen.Codegen, "generate_cpp", recording)
+    return made
+
+
 def triton_interpreter_ready(request: pytest.FixtureRequest) -> bool:
     """For modules whose tests run Triton kernels under the interpreter: skip the test when
     ``TRITON_INTERPRET`` is set to something other than 1; return False (the test should run
