@@ -90,6 +90,24 @@ def test_mlp_batch_sizes_compile_twice_and_generate_kernels_once():
     assert all("const int64_t ks" in k["source"] for k in kernels), [k["source"] for k in kernels]
 
 
+def test_sizes_alternating_call_each_size_s_launch_function_written_once(monkeypatch):
+    """A size-class kernel at particular sizes gets its call site's launch function (size arguments
+    as constants), written once per size and reused when the size comes back."""
+    import passes.codegen as codegen
+    written = []
+    original = codegen.cpp_launcher
+
+    def counting(kernel, donors=()):
+        written.append((kernel.group.name, kernel.size_args, donors))
+        return original(kernel, donors)
+    monkeypatch.setattr(codegen, "cpp_launcher", counting)
+    sizes = [1, 2, 3, 2, 3, 7, 2, 3, 7]
+    compiled = check_sizes(MLP().eval(), lambda n, g: (torch.randn(n, 32, generator=g),), sizes)
+    kernels = dynamic_graph(compiled).metrics["kernels"]
+    sized = [w for w in written if w[1]]
+    assert sized and len(sized) == len(set(sized)) == 3 * kernels, written     # sizes 2, 3 and 7
+
+
 def test_encoder_with_padding_mask_over_sequence_lengths():
     model = Block().eval()
     sizes = [16, 24, 40, 56, 24]

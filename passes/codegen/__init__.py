@@ -142,15 +142,21 @@ class CppKernel(CompiledKernel):
 
     def launcher(self, kwargs: dict):
         """A launch function for one call site of the host code (see passes/codegen/cpp/launch.py):
-        for static layouts without output pads, where the site passes at most ``donors=``."""
-        if self.size_class is not None or self.fills or set(kwargs) - {"donors"}:
-            return None
-        return cpp_launcher(self, tuple(kwargs.get("donors", ())))
+        for a kernel of static layouts, or a size-class kernel called at particular sizes
+        (:meth:`at`), without output pads, where the site passes at most ``donors=``."""
+        if not hasattr(self, "in_strides") or self.fills or set(kwargs) - {"donors"}:
+            return None     # a size-class kernel itself has no layouts until called at sizes
+        donors = tuple(kwargs.get("donors", ()))
+        made = self.__dict__.setdefault("_launchers", {})    # written once per kernel and donors
+        if donors not in made:
+            made[donors] = cpp_launcher(self, donors)
+        return made[donors]
 
     def at(self, binding: dict) -> "CppKernel":
         """This size-class kernel (one generated for symbolic sizes) called at ``binding``
         (``{symbol: value}``): the same library function, with those sizes as its arguments."""
         kernel = copy.copy(self)
+        kernel._launchers = {}
         kernel.size_args = self.size_class.values(binding)
         in_strides, outputs, _ = self.size_class.layouts(kernel.size_args)
         kernel._layouts(in_strides, [(shape, stride, dtype) for (shape, stride), dtype in zip(outputs, self.out_dtypes)])

@@ -366,9 +366,10 @@ class SizeSpecializedKernel(CompiledKernel):
         self.specializer = specializer
         self.bind = bind
         self._single = bind[0][1:] if len(bind) == 1 else None
-        # (values of the symbols, their kernel or group, whether it takes donors=, reuse=) of the
-        # last call: a call at the same sizes only compares the values.
-        self.last: tuple = (None, None, False, False)
+        # (values of the symbols, their kernel or group, whether it takes donors=, reuse=, its
+        # launch function for the call's donors= or None, those donors) of the last call: a call
+        # at the same sizes from the same call site only compares the values.
+        self.last: tuple = (None, None, False, False, None, None)
         # The generated host code passes donors= and reuse= where the compile-time kernel takes
         # them (planned on layouts of symbolic sizes, which hold at every size).
         self.in_place_capable = getattr(example, "in_place_capable", False)
@@ -379,22 +380,29 @@ class SizeSpecializedKernel(CompiledKernel):
             values = inputs[self._single[0]].shape[self._single[1]]
         else:
             values = tuple([inputs[i].shape[d] for _, i, d in self.bind])
-        last_values, kernel, takes_donors, takes_reuse = self.last
-        if values != last_values:
+        last_values, kernel, takes_donors, takes_reuse, launch, launch_donors = self.last
+        if values != last_values or donors is not launch_donors:
             sizes = (values,) if self._single is not None else values
             binding = {symbol: value for (symbol, _, _), value in zip(self.bind, sizes)}
             kernel = self.specializer.kernel(self.group, binding)
             compiled = isinstance(kernel, CompiledKernel)
             takes_donors, takes_reuse = compiled and kernel.writes_inputs_safely(), compiled and kernel.accepts_reuse
-            self.last = (values, kernel, takes_donors, takes_reuse)
-        if not (donors and takes_donors or reuse and takes_reuse):
-            return kernel(*inputs)
+            # The call site passes the same keywords every call: its launch function at these sizes.
+            launch = kernel.launcher(self._options(donors, reuse, takes_donors, takes_reuse)) if compiled else None
+            self.last = (values, kernel, takes_donors, takes_reuse, launch, donors)
+        if launch is not None and not reuse:
+            return launch(*inputs)
+        return kernel(*inputs, **self._options(donors, reuse, takes_donors, takes_reuse))
+
+    @staticmethod
+    def _options(donors: tuple, reuse: tuple, takes_donors: bool, takes_reuse: bool) -> dict:
+        """The keywords a call passes on to the kernel at its sizes: those it takes."""
         options = {}
         if donors and takes_donors:
             options["donors"] = donors
         if reuse and takes_reuse:
             options["reuse"] = reuse
-        return kernel(*inputs, **options)
+        return options
 
     @property
     def __name__(self) -> str:

@@ -23,9 +23,10 @@ from pipeline import compat
 
 
 def launcher(kernel: Any, donors: tuple = ()) -> Callable:
-    """The launch function of ``kernel`` (a static-shape :class:`~passes.codegen.CppKernel`
-    without output pads) at a call site passing ``donors`` (per output, the input whose buffer
-    it takes, -1 to allocate). Inputs that are not the layouts, dtypes or device the kernel was
+    """The launch function of ``kernel`` (a :class:`~passes.codegen.CppKernel` of static layouts,
+    or a size-class kernel at particular sizes, whose size arguments it passes as constants;
+    without output pads) at a call site passing ``donors`` (per output, the input whose buffer it
+    takes, -1 to allocate). Inputs that are not the layouts, dtypes or device the kernel was
     generated for run the group eagerly, as the kernel's own call does."""
     inputs = [f"a{i}" for i in range(len(kernel.in_strides))]
     namespace: dict[str, Any] = {"fn": kernel.function, "eager": kernel.group, "empty": compat.empty_strided_cpu()}
@@ -48,8 +49,8 @@ def launcher(kernel: Any, donors: tuple = ()) -> Callable:
         namespace[f"SH{k}"], namespace[f"ST{k}"], namespace[f"DT{k}"] = tuple(shape), tuple(stride), dtype
         lines.append(f"    o{k} = empty(SH{k}, ST{k}, DT{k})")
         outputs.append(f"o{k}")
-    pointers = ", ".join(f"{value}.data_ptr()" for value in inputs + outputs)
-    lines.append(f"    fn({pointers})")
+    arguments = [f"{value}.data_ptr()" for value in inputs + outputs] + [str(int(v)) for v in kernel.size_args]
+    lines.append(f"    fn({', '.join(arguments)})")
     lines.append(f"    return ({', '.join(outputs)},)")
     exec(compile("\n".join(lines) + "\n", f"<launch {name}>", "exec"), namespace)  # noqa: S102 - our own source
     return namespace[name]
