@@ -431,7 +431,7 @@ def cuda_launch_helpers() -> tuple[Callable, Callable]:
 
 def empty_strided_cpu() -> Callable:
     """``f(sizes, strides, dtype)``: an uninitialized CPU tensor of that layout, through torch's
-    private C++ fast path when present (half the cost of ``torch.empty_strided`` per call; what
+    private C++ fast path when present (cheaper per call than ``torch.empty_strided``; what
     Inductor's generated CPU code allocates with), the public call otherwise."""
     fast_empty = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None), "_empty_strided_cpu", None)
     if fast_empty is None:

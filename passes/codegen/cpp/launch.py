@@ -12,8 +12,8 @@ and dtype of every output. :func:`launcher` writes that site's function as strai
         fn(a0.data_ptr(), a1.data_ptr(), o0.data_ptr(), a1.data_ptr())    # output 1 into a1
         return (o0, a1)
 
-with the same results as the kernel's own call, about half the host time per launch (the
-per-launch cost that decides small models' speed on the CPU).
+with the same results as the kernel's own call and less host work per launch (the per-launch
+cost that decides small models' speed on the CPU).
 """
 from __future__ import annotations
 
