@@ -392,6 +392,8 @@ class SizeSpecializedKernel(CompiledKernel):
             self.last = (values, kernel, takes_donors, takes_reuse, launch, donors)
         if launch is not None and not reuse:
             return launch(*inputs)
+        if not (donors and takes_donors or reuse and takes_reuse):
+            return kernel(*inputs)
         return kernel(*inputs, **self._options(donors, reuse, takes_donors, takes_reuse))
 
     @staticmethod
