@@ -208,10 +208,10 @@ def test_eager_norm_statistics_give_eager_layer_norm_bits(n, dtype):
 def test_eager_norm_statistics_give_eager_bits_at_every_launch_shape(n, warps, tile, monkeypatch):
     """The same bits with 1 to 16 rows per program and 4, 8 or 16 warps (autotuning's shapes and
     more): the Welford states stay one column per thread."""
-    from passes.codegen.triton import source as triton_source
+    from passes.codegen.triton import blocks as triton_blocks
     torch._dynamo.reset()
-    monkeypatch.setattr(triton_source, "TILE_ELEMENTS", tile)
-    monkeypatch.setattr(triton_source, "WARP_ELEMENTS", max(1, tile // warps))
+    monkeypatch.setattr(triton_blocks, "TILE_ELEMENTS", tile)
+    monkeypatch.setattr(triton_blocks, "WARP_ELEMENTS", max(1, tile // warps))
     plan = {"extends": "default", "options": {"codegen": {"eager_norm_max_row": 8192}}}
     compiled = compile_with_plan(residual_layer_norm, plan)
     x = (torch.randn(1030, n, device="cuda") * 0.05 + torch.randn(1030, 1, device="cuda") * 0.01).bfloat16()

@@ -238,7 +238,7 @@ def test_eager_norm_statistics_states_are_one_column_per_thread_in_the_sm90_kern
     (lanes pairwise by offsets 16 to 1, then the 4 warps by 2 and 1) when each thread holds one
     column: so it is in the kernel Triton builds for the H200, for every warp count autotuning
     tries."""
-    from passes.codegen.triton import source as triton_source
+    from passes.codegen.triton import blocks as triton_blocks, source as triton_source
     from passes.codegen.triton.autotune import candidate_blocks
     from passes.codegen.triton.runtime import compile_all_for_sm90
     from passes.codegen.triton.nest import TritonNest
@@ -248,7 +248,7 @@ def test_eager_norm_statistics_states_are_one_column_per_thread_in_the_sm90_kern
     nest = TritonNest.of(analyze(kernel.group))
     nest.aten_statistics = True
     assert all(b.num_warps >= 4 for b in candidate_blocks(nest))
-    monkeypatch.setattr(triton_source, "WARP_ELEMENTS", 4 * 1024 // warps)
+    monkeypatch.setattr(triton_blocks, "WARP_ELEMENTS", 4 * 1024 // warps)
     emit = triton_source.emit_statistics
     monkeypatch.setattr(triton_source, "emit_statistics", lambda writer, variance, cuda: emit(writer, variance, True))
     source = triton_source.kernel_source(nest, "triton_welford_layout")
@@ -312,9 +312,9 @@ def test_reduction_kernels_are_persistent_when_the_row_fits():
 @pytest.mark.parametrize("name", ["softmax", "log_softmax", "layer_norm", "rms_norm", "argmax", "amax_with_nan"])
 def test_looped_reductions_match_eager(name, monkeypatch):
     """Rows longer than one tile: multi-pass kernels looping over chunks of RBLOCK."""
-    from passes.codegen.triton import source as triton_source
-    monkeypatch.setattr(triton_source, "PERSISTENT_MAX", 32)
-    monkeypatch.setattr(triton_source, "LOOPED_RBLOCK", 32)
+    from passes.codegen.triton import blocks as triton_blocks
+    monkeypatch.setattr(triton_blocks, "PERSISTENT_MAX", 32)
+    monkeypatch.setattr(triton_blocks, "LOOPED_RBLOCK", 32)
     fn, make = CASES[name]
     record = run_plan(fn, *make())
     (kernel,), _ = kernels_of(LAST["graph"])
@@ -377,7 +377,7 @@ def test_many_row_reductions_also_try_register_capped_launches_that_compile_for_
 
 
 def kernel_source_blocks(kernel):
-    from passes.codegen.triton.source import Blocks
+    from passes.codegen.triton.blocks import Blocks
     g = kernel.generated
     consts = g.constexprs
     return Blocks(g.persistent, consts.get("XBLOCK", consts.get("BLOCK")), consts.get("RBLOCK", 1), g.grid[0],

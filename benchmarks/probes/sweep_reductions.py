@@ -52,7 +52,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    from passes.codegen.triton import source as triton_source
+    from passes.codegen.triton import blocks as triton_blocks
     from pipeline import compile_with_plan
 
     torch.manual_seed(0)
@@ -60,7 +60,7 @@ def main() -> int:
     target = torch.randint(0, 50257, (4096,), device="cuda")
     trainable = logits.detach().requires_grad_()
     x = torch.randn(4096, 768, device="cuda", dtype=torch.bfloat16)
-    defaults = {name: getattr(triton_source, name) for name in
+    defaults = {name: getattr(triton_blocks, name) for name in
                 ("LOOPED_RBLOCK", "LOOPED_WARP_ELEMENTS", "OUTER_XBLOCK", "MIN_PROGRAMS", "TILE_ELEMENTS")}
     rows = []
     cases = [("ce forward", ce, (logits, target), LOOPED), ("ce forward+backward", ce_train, (trainable, target), LOOPED),
@@ -69,7 +69,7 @@ def main() -> int:
         eager = cuda_time(fn, inputs, iters=30, rounds=3)
         for setting in settings:
             for key, value in {**defaults, **setting}.items():
-                setattr(triton_source, key, value)
+                setattr(triton_blocks, key, value)
             torch._dynamo.reset()
             plan = "training" if name.endswith("backward") else "default"
             compiled = compile_with_plan(fn, plan)
@@ -83,7 +83,7 @@ def main() -> int:
             rows.append(row)
             print(json.dumps(row), flush=True)
     for key, value in defaults.items():
-        setattr(triton_source, key, value)
+        setattr(triton_blocks, key, value)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "sweep-reductions.json").write_text(json.dumps(rows, indent=1))

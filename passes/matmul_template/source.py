@@ -27,7 +27,8 @@ from passes.kernel_ir.groups import FusedGroup, iota_of, meta_of, packet_name
 from passes.kernel_ir.loops import Access, LoopNest, UnsupportedGroup
 
 from passes.codegen.triton.ops import SIGNATURE_TYPES, helper_source, round_to
-from passes.codegen.triton.source import HEADER, Blocks, TritonSource, TritonWriter, next_pow2
+from passes.codegen.triton.blocks import Blocks, next_pow2
+from passes.codegen.triton.source import HEADER, TritonSource, TritonWriter
 
 MATMULS = ("aten.mm", "aten.addmm", "aten.linear")
 # Operators that may sit between the matmul and its epilogue when they only reshape its contiguous

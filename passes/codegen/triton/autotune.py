@@ -26,8 +26,8 @@ import torch
 
 from passes.kernel_ir.loops import LoopNest
 
-from .source import (Blocks, TritonSource, choose_blocks, kernel_source, nest_is_reduction,
-                            next_pow2)
+from .blocks import Blocks, choose_blocks, nest_is_reduction, next_pow2
+from .source import TritonSource, kernel_source
 
 
 def random_like(meta: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """Split reductions: a reduction over a strided axis with few outputs runs in two kernels.
 
 A backward's bias and norm-weight gradients are column sums: 4096 rows reduced to 768 values.
-The one-kernel shape (triton_source.choose_blocks) gives each program a few columns and every
+The one-kernel shape (blocks.choose_blocks) gives each program a few columns and every
 row, so only about a hundred programs run on the H200's 132 SMs, each reading 16-32 bytes per
 row: those kernels stayed far from copy bandwidth, slower than ATen's ``sum``
 (benchmarks/results/gpu-2026-11-29-e.md, gpu-2026-11-30-a.md).
@@ -37,8 +37,8 @@ from passes.kernel_ir.loops import LoopNest, closure
 
 from .ops import accumulator_init, accumulator_update, reduce_tile, work_type
 from .runtime import TritonKernel, load_module, write_source
-from .source import (MIN_PROGRAMS, OUTER_XBLOCK, Blocks, TritonWriter, choose_blocks, kernel_source,
-                            next_pow2, reduces_contiguous_axis)
+from .blocks import MIN_PROGRAMS, OUTER_XBLOCK, Blocks, choose_blocks, next_pow2, reduces_contiguous_axis
+from .source import TritonWriter, kernel_source
 
 SPLIT_OPS = ("aten.sum", "prims.sum", "aten.amax", "aten.amin")
 MIN_ROWS = 1024              # reduced elements below which one kernel is enough
