@@ -407,13 +407,29 @@ def size_hint(value: Any) -> Any:
     return value
 
 
+def _guards_entry(name: str) -> Callable | None:
+    """A private C++ entry point of Dynamo's guards module (the ones Inductor's generated code
+    calls), or None when this torch lacks it."""
+    return getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None), name, None)
+
+
 def reinterpret_tensor() -> Callable | None:
     """``f(base, sizes, strides, offset_increment)``: an alias of ``base``'s storage with that layout,
     storage offset ``base.storage_offset() + offset_increment``, without the view bookkeeping of
     ``as_strided`` (no ``_base``, no autograd view tracking; about half its cost per call). The
     private C++ entry point Inductor's generated code also uses; None when this torch lacks it."""
-    guards = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
-    return getattr(guards, "_reinterpret_tensor", None)
+    return _guards_entry("_reinterpret_tensor")
+
+
+def _fast_empty(device: str) -> Callable:
+    """``f(sizes, strides, dtype)``: an uninitialized tensor of that layout on ``device`` ("cpu", or
+    "cuda": the current device), through torch's private C++ fast path when present, the public
+    call otherwise."""
+    fast_empty = _guards_entry(f"_empty_strided_{device}")
+    if fast_empty is None:
+        def fast_empty(size, stride, dtype):
+            return torch.empty_strided(size, stride, dtype=dtype, device=device)
+    return fast_empty
 
 
 def cuda_launch_helpers() -> tuple[Callable, Callable]:
@@ -421,23 +437,14 @@ def cuda_launch_helpers() -> tuple[Callable, Callable]:
     from sizes, strides and dtype): the cheapest entry points this torch has for a generated
     launcher's hot path (torch's private C++ fast paths when present, public calls otherwise)."""
     get_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
-    guards = getattr(torch._C, "_dynamo", None)
-    fast_empty = getattr(getattr(guards, "guards", None), "_empty_strided_cuda", None)
-    if fast_empty is None:
-        def fast_empty(size, stride, dtype):
-            return torch.empty_strided(size, stride, dtype=dtype, device="cuda")
-    return get_device, fast_empty
+    return get_device, _fast_empty("cuda")
 
 
 def empty_strided_cpu() -> Callable:
     """``f(sizes, strides, dtype)``: an uninitialized CPU tensor of that layout, through torch's
     private C++ fast path when present (cheaper per call than ``torch.empty_strided``; what
     Inductor's generated CPU code allocates with), the public call otherwise."""
-    fast_empty = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None), "_empty_strided_cpu", None)
-    if fast_empty is None:
-        def fast_empty(size, stride, dtype):
-            return torch.empty_strided(size, stride, dtype=dtype)
-    return fast_empty
+    return _fast_empty("cpu")
 
 
 def storage_use_count() -> Callable | None:
