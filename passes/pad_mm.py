@@ -42,7 +42,7 @@ class PadMatmul(Pass):
 
     name = "pad-mm"
     Options = PadMmOptions
-    version = "6"
+    version = "7"
     requires = frozenset({"aten"})
 
     def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
@@ -66,6 +66,7 @@ class PadMatmul(Pass):
                                      and _transposed_source(a) is not None) else 0
             if not (pad_k or pad_n or pad_m):
                 continue
+            first_made = node.prev
             with graph.graph.inserting_before(node):
                 a = _pad_left(graph.graph, a, pad_m, pad_k, pads)
                 b = _pad_operand(graph.graph, b, pad_k, pad_n, pads)
@@ -91,9 +92,11 @@ class PadMatmul(Pass):
                     result = graph.graph.call_function(aten.clone.default, (result,),
                                                        {"memory_format": torch.contiguous_format})
             trace = node.meta.get("stack_trace")
-            if trace is not None:      # the padded matmul is still the user's line (reports, profiles)
-                for made in {product, result}:
+            if trace is not None:      # the pads and the padded matmul are still the user's line (reports, profiles)
+                made = first_made.next
+                while made is not node:
                     made.meta.setdefault("stack_trace", trace)
+                    made = made.next
             node.replace_all_uses_with(result)
             graph.graph.erase_node(node)
             padded += 1

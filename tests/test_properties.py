@@ -134,6 +134,25 @@ def test_pad_mm_pads_a_twice_transposed_weight_in_its_own_layout():
     assert pads and all(meta_of(n.args[0]).is_contiguous() for n in pads)
 
 
+def test_pad_mm_gives_every_node_it_makes_the_matmuls_source_line():
+    """The pads, clones, slices and the padded matmul keep the matmul's stack trace, so a profile
+    names the user's line for the weight-padding kernel too."""
+    from pipeline import PassContext
+    from passes.pad_mm import PadMatmul, PadMmOptions
+
+    inputs = [torch.randn(4, 13), torch.randn(1029, 13), torch.randn(1029)]
+    graph = compat_trace(lambda x, w, b: torch.nn.functional.linear(x, w, b), inputs)
+    before = set(graph.graph.nodes)
+    for node in graph.graph.nodes:
+        if node.op == "call_function":
+            node.meta["stack_trace"] = 'File "model.py", line 7, in forward'
+    context = PassContext(graph_id="t", target="cpu", example_inputs=inputs, tags={"aten"})
+    padded = PadMatmul(PadMmOptions(multiple=8, min_size=1, devices=["cpu"])).run(graph, context)
+    made = [n for n in padded.graph.nodes if n.op == "call_function" and n not in before]
+    assert any("constant_pad_nd" in str(n.target) for n in made)
+    assert all(n.meta.get("stack_trace") == 'File "model.py", line 7, in forward' for n in made), made
+
+
 def test_a_padded_weight_is_copied_by_one_generated_kernel():
     """pad-mm pads a graph input through a clone, which fuse turns into a copy kernel writing the
     padded buffer (no ATen ``constant_pad_nd``: a fill of the whole buffer, then a copy into it)."""

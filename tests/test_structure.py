@@ -183,3 +183,17 @@ def test_no_tracked_file_speaks_of_sessions():
             if pattern.search(line) and not allowed.search(line) and name != "tests/test_structure.py":
                 hits.append(f"{name}:{i}: {line.strip()[:100]}")
     assert hits == []
+
+
+def test_python_files_compile_without_warnings():
+    """An invalid escape in a docstring is a SyntaxWarning at import (an error in a later Python)."""
+    import warnings
+    problems = []
+    for name in _tracked():
+        if not name.endswith(".py"):
+            continue
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            compile((REPO / name).read_text(), name, "exec")
+        problems += [f"{name}:{w.lineno}: {w.message}" for w in caught]
+    assert problems == []

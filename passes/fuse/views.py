@@ -8,7 +8,7 @@ backward computes ``[b*s, V]`` and converts the reshaped ``[b, s, V]`` result ba
 the reshape in between, each conversion is a kernel of its own writing an fp32 copy of the logits.
 
 First, ``unsqueeze``/``squeeze`` are spelled as views and a view of a view becomes one view, so a
-chain of reshapes moves as one (eval-mode batch norm reaches its kernel through two ``unsqueeze``\ s
+chain of reshapes moves as one (eval-mode batch norm reaches its kernel through two ``unsqueeze`` calls
 of per-channel values). Then two rewrites, both exact for elementwise ops (an elementwise op
 commutes with any reshape of all its same-shaped operands):
 
@@ -135,7 +135,7 @@ def _hoistable_operand(arg: torch.fx.Node, user: torch.fx.Node, shape: list, see
 def _as_one_view(graph: torch.fx.Graph, node: torch.fx.Node) -> int:
     """``unsqueeze``/``squeeze`` become ``view``, and ``view(view(x))`` whose inner view has no
     other user becomes one ``view(x)``, so that a chain of reshapes moves as one (a batch norm's
-    per-channel values reach its kernel through two ``unsqueeze``\ s); 1 if rewritten."""
+    per-channel values reach its kernel through two ``unsqueeze`` calls); 1 if rewritten."""
     if node.op != "call_function" or not isinstance(meta_of(node), torch.Tensor):
         return 0
     shape = list(meta_of(node).shape)
