@@ -51,3 +51,15 @@ def branchy(x):
     if y.sum().item() > 0:
         return y.cos()
     return y.tanh()
+
+
+def safe_softmax(x, mask):
+    """Attention's math-path softmax: masked scores, rows that are all masked give zeros (the
+    decomposition tests each row with ``all``)."""
+    return torch.ops.aten._safe_softmax(x.masked_fill(mask, float("-inf")), -1)
+
+
+def safe_softmax_inputs():
+    mask = torch.rand(4, 1, 24, 24) > 0.6
+    mask[1, 0, 5] = True            # one row masked whole
+    return torch.randn(4, 3, 24, 24), mask

@@ -14,7 +14,7 @@ from pipeline import compilation_of, compile_with_plan
 from pipeline.numerics import compare
 from pipeline.testing import SemanticsError, assert_preserves_semantics
 from sample_functions import (layer_norm, log_softmax, mask_inputs, masks, padded_rows, padded_softmax, rms_norm,
-                              softmax)
+                              safe_softmax, safe_softmax_inputs, softmax)
 
 
 @pytest.fixture(autouse=True)
@@ -40,6 +40,30 @@ def compiled_record(fn, *args, plan="cpu-inference"):
 def test_normalizations_compile_to_one_kernel(fn, args):
     record = compiled_record(fn, *args)
     assert record.kernels == 1
+
+
+def test_safe_softmax_tests_its_rows_inside_the_softmax_kernel():
+    """The math path of attention zeroes rows masked whole (``all(x == -inf)``): ``any``/``all``
+    reduce as amax/amin of flags, so the test joins the softmax's kernel (no ATen ``any`` call
+    and no boolean tensor between kernels), and a row masked whole gives zeros as in eager."""
+    x, mask = safe_softmax_inputs()
+    record = compiled_record(safe_softmax, x, mask, plan="default")
+    assert record.kernels == 1 and "aten_any" not in record.final_code and "aten_all" not in record.final_code
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: (x.any(-1), x.all(1, keepdim=True)),
+    lambda x: ((x > 0).any(), torch.all(x > -1, dim=(0, 2)), torch.any(x.int(), 0)),
+], ids=["dim", "dims_and_all"])
+def test_any_and_all_reduce_in_generated_kernels_like_eager(fn):
+    x = torch.randn(3, 5, 7)
+    x[0, 1] = 0
+    x[2, :, 3] = float("nan")
+    compiled = compile_with_plan(fn, "default")
+    for got, want in zip(compiled(x), fn(x)):
+        assert got.dtype == torch.bool and torch.equal(got, want)
+    record = compilation_of(compiled).graphs[0]
+    assert record.kernels >= 1 and "aten_any" not in record.final_code and "aten_all" not in record.final_code
 
 
 def test_layer_norm_gelu_residual_is_one_kernel():

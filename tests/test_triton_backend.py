@@ -32,7 +32,7 @@ from pipeline.numerics import compare  # noqa: E402
 from pipeline.testing import assert_preserves_semantics, graphs  # noqa: E402
 from conftest import record_triton_graphs, rerun_with_interpreter, triton_interpreter_ready  # noqa: E402
 from sample_functions import (layer_norm, log_softmax, mask_inputs, masks, padded_rows, padded_softmax,  # noqa: E402
-                              rms_norm, softmax)
+                              rms_norm, safe_softmax, safe_softmax_inputs, softmax)
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install -e '.[gpu]')")
@@ -119,6 +119,7 @@ def with_nans(rows: int, cols: int) -> torch.Tensor:
 CASES = {
     "softmax": (softmax, lambda: (torch.randn(32, 100),)),
     "log_softmax": (log_softmax, lambda: (torch.randn(32, 100),)),
+    "safe_softmax_with_a_row_masked_whole": (safe_softmax, safe_softmax_inputs),
     "layer_norm": (layer_norm, lambda: (torch.randn(32, 100), torch.randn(100), torch.randn(100))),
     "rms_norm": (rms_norm, lambda: (torch.randn(32, 100), torch.randn(100))),
     "pointwise_chain_broadcast_permuted": (chain, lambda: (torch.randn(64, 48).t(), torch.randn(64))),

@@ -1,7 +1,9 @@
 """Rewrites that make ops fusable, applied when ``fuse`` re-traces its graph.
 
-- mean, var and var_mean become sums and pointwise ops, so every reduction a kernel sees is a
-  plain sum/amax/amin/argmax/argmin/prod;
+- mean, var and var_mean become sums and pointwise ops, and ``any``/``all`` become ``amax``/``amin``
+  of 0/1 flags, so every reduction a kernel sees is a plain sum/amax/amin/argmax/argmin/prod (the
+  safe softmax of attention's math path tests its rows with ``all``: its test joins the
+  softmax's own kernel);
 - ``full_like`` of a contiguous result becomes ``full`` (no longer reading, or keeping alive,
   the tensor it copies the shape of);
 - an accumulating ``index_put`` along dim 0 (the embedding gradient) becomes ``index_add``;
@@ -68,6 +70,35 @@ def var_mean_correction(x, dim=None, *, correction=None, keepdim=False):
     var, mean_keep = _variance(x, dims, correction, keepdim)
     mean = mean_keep if keepdim or not dims else mean_keep.squeeze(dims)
     return var.to(x.dtype), mean.to(x.dtype)
+
+
+def _flag_reduction(x, dim, keepdim, reduce):
+    """``reduce`` (amax: any; amin: all) of ``x != 0`` as float32 0/1 flags over ``dim``, as a
+    bool. Not for symbolic sizes or an empty reduced domain (where the identity of amax/amin
+    would answer, not False/True)."""
+    dims = _norm_dims(x, dim)
+    if not all(type(s) is int for s in x.shape) or x.numel() == 0:
+        return NotImplemented
+    flags = (x != 0).to(torch.float32)
+    if not dims:            # a 0-d tensor
+        return flags != 0
+    return reduce(flags, dims, keepdim=keepdim) != 0
+
+
+def any_dims(x, dim=None, keepdim=False):
+    return _flag_reduction(x, dim, keepdim, torch.amax)
+
+
+def any_all(x):
+    return _flag_reduction(x, None, False, torch.amax)
+
+
+def all_dims(x, dim=None, keepdim=False):
+    return _flag_reduction(x, dim, keepdim, torch.amin)
+
+
+def all_all(x):
+    return _flag_reduction(x, None, False, torch.amin)
 
 
 def full_like(x, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
@@ -148,6 +179,12 @@ FUSION_DECOMPOSITIONS = {
     aten.var.correction: var_correction,
     aten.var_mean.correction: var_mean_correction,
     aten.full_like.default: full_like,
+    aten.any.dim: any_dims,
+    aten.any.dims: any_dims,
+    aten.any.default: any_all,
+    aten.all.dim: all_dims,
+    aten.all.dims: all_dims,
+    aten.all.default: all_all,
     aten.scatter.value: scatter_value,
     aten.scatter.src: scatter_src,
     aten.index_put.default: index_put_accumulate,
