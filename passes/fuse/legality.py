@@ -9,7 +9,8 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from passes.kernel_ir import rules
-from passes.kernel_ir.groups import (CONSTANTS, IOTAS, REDUCTIONS, UNIT_RESHAPES, group_levels, iota_of, meta_of,
+from passes.kernel_ir.groups import (CONSTANTS, IOTAS, REDUCTIONS, UNIT_RESHAPES, end_padding, group_levels, iota_of,
+                                     meta_of,
                                      packet_name, reduction_axes)
 
 if TYPE_CHECKING:
@@ -112,6 +113,26 @@ def shape_problem(group: Group, node: torch.fx.Node, kind: str) -> str | None:
         return why
     if kind == "reshape" and levels[node] != "outer" and not _reshapes_member_ramp(group, node):
         return "reshapes are fused only on reduced (outer) values (or on an index ramp of the group)"
+    return stranded_broadcast(levels, domain, reduced)
+
+
+def stranded_broadcast(levels: dict, domain: tuple, reduced: tuple) -> str | None:
+    """Why a reduction group with these node ``levels`` would strand a broadcast value: one
+    recomputed per element of the ``domain`` but of a smaller shape (a group norm's per-channel
+    scale), with a user that cannot consume it inside the group (a reshape, another domain). That
+    value would be a kernel output, which a kernel cannot store. None when there is none."""
+    from passes.kernel_ir.groups import broadcasts_to
+    if not reduced:
+        return None
+    for member, level in levels.items():
+        if level != "full" or tuple(meta_of(member).shape) == domain or end_padding(member) is not None:
+            continue
+        for user in member.users:
+            if user in levels:
+                continue
+            if classify(user)[0] != "pointwise" or not broadcasts_to(tuple(meta_of(user).shape), domain):
+                return (f"{member.name} would be a value of shape {tuple(meta_of(member).shape)} recomputed over "
+                        f"the domain {domain} that {user.name} reads outside the group (a kernel cannot store it)")
     return None
 
 
@@ -131,7 +152,7 @@ def input_reshape_problem(group: Group, node: torch.fx.Node) -> str | None:
     order = {n: i for i, n in enumerate(node.graph.nodes)}
     nodes = sorted(group.nodes + [node], key=order.__getitem__)
     levels, why = group_levels(nodes, tuple(group.domain), tuple(group.reduced))
-    return why if levels is None else None
+    return why if levels is None else stranded_broadcast(levels, tuple(group.domain), tuple(group.reduced))
 
 
 def _reshapes_member_ramp(group: Group, node: torch.fx.Node) -> bool:
@@ -188,6 +209,9 @@ def merge_problem(target: Group, other: Group, node: torch.fx.Node, depends_on: 
         # with it, it would become a broadcast full-domain value, which a kernel cannot store.
         return (f"{node.name} would become a broadcast value of shape {tuple(meta_of(node).shape)} recomputed "
                 f"over the domain {tuple(target.domain)}, which cannot be a kernel output")
+    why = stranded_broadcast(levels, tuple(target.domain), reduced)
+    if why is not None:
+        return why
     for a, b in ((other, target), (target, other)):
         for member in a.nodes:
             for arg in member.all_input_nodes:
