@@ -10,10 +10,11 @@ from typing import Any, Callable, Literal
 import attrs
 import torch
 
-from pipeline import CaptureContext, CapturePass, GraphCompiler, option, positive
+from pipeline import CaptureContext, CapturePass, GraphCompiler, device_types, option, positive
 from pipeline import compat
 from pipeline.errors import GraphBreakError, PipelineError, RecompileError, did_you_mean
 
+from .attention_masks import dense_attention_masks
 from .capture_checks import EagerRejected, eager_rejection
 from .regions import with_own_code
 
@@ -79,6 +80,12 @@ class CaptureOptions:
                "groups with such sizes get kernels per size seen like other symbolic groups. Off unless a "
                "plan sets it (the default plan does); when Dynamo's own tracing of an unbacked size fails "
                "(combinations), the function is captured again without it and the reason recorded.")
+    dense_attention_masks: list[str] = option(
+        ["cuda"], "dynamo only: devices on which an attention mask broadcast along its key axis (stride 0 there, "
+                  "as transformers' encoder masks are under tracing) is made dense before the graph is traced "
+                  "to ATen: the fused attention kernels need a unit stride there, and tracing otherwise picks "
+                  "the float32 math path (passes/attention_masks.py). [] keeps every mask as captured.",
+        check=device_types)
     dict_tag_guards: bool = option(
         True, "dynamo only: guards skip the checks under a module whose dictionaries (parameters, buffers, "
               "submodules, attributes) are untouched since the last call (Dynamo's "
@@ -91,7 +98,7 @@ class Capture(CapturePass):
 
     name = "capture"
     Options = CaptureOptions
-    version = "6"
+    version = "7"
     provides = frozenset({"captured"})
 
     def capture(self, fn: Callable, compile_graph: GraphCompiler, context: CaptureContext) -> Callable:
@@ -117,6 +124,8 @@ class Capture(CapturePass):
             if compile_id is not None and compile_id[1] > 0:
                 context.record_recompile(compat.recompile_reason(reasons, compile_id[0])
                                          or (reasons[0] if reasons else "guard failed (reason not recorded)"))
+            if opts.dense_attention_masks:
+                dense_attention_masks(gm, opts.dense_attention_masks)
             return compile_graph(gm, example_inputs)
 
         sharded: list = []
