@@ -66,6 +66,23 @@ def test_any_and_all_reduce_in_generated_kernels_like_eager(fn):
     assert record.kernels >= 1 and "aten_any" not in record.final_code and "aten_all" not in record.final_code
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_vector_norms_reduce_in_generated_kernels_like_eager(dtype):
+    """Weight norm and F.normalize reduce in our kernels (no ATen linalg_vector_norm call)."""
+    def norms(x, g):
+        return (F.normalize(x, dim=-1), torch.linalg.vector_norm(x, 1, dim=0),
+                x.norm(float("inf"), dim=1, keepdim=True), torch._weight_norm(x, g, 0))
+
+    for rows in (6, 33):
+        x, g = torch.randn(rows, 40, dtype=dtype), torch.rand(rows, 1, dtype=dtype) + 0.5
+        compiled = compile_with_plan(norms, "default")
+        for got, want in zip(compiled(x, g), norms(x, g)):
+            assert compare(want, got) is None
+        record = compilation_of(compiled).graphs[0]
+        assert "vector_norm" not in record.final_code and record.kernels >= 4
+        torch._dynamo.reset()
+
+
 def test_layer_norm_gelu_residual_is_one_kernel():
     def block(x, w, b):
         return F.gelu(F.layer_norm(x, (x.shape[-1],), w, b)) + x

@@ -64,7 +64,7 @@ class Fuse(Pass):
 
     name = "fuse"
     Options = FuseOptions
-    version = "17"
+    version = "18"
     cache_material = rules.cache_material   # rules a plugin adds or replaces change the output
     requires = frozenset({"functional", "aten"})
     provides = frozenset({"fused"})

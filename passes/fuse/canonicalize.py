@@ -1,6 +1,7 @@
 """Rewrites that make ops fusable, applied when ``fuse`` re-traces its graph.
 
-- mean, var and var_mean become sums and pointwise ops, and ``any``/``all`` become ``amax``/``amin``
+- mean, var and var_mean become sums and pointwise ops, vector norms (ord 1, 2, inf, -inf) sums or
+  extrema of ``|x|`` (weight norm, ``F.normalize``), and ``any``/``all`` become ``amax``/``amin``
   of 0/1 flags, so every reduction a kernel sees is a plain sum/amax/amin/argmax/argmin/prod (the
   safe softmax of attention's math path tests its rows with ``all``: its test joins the
   softmax's own kernel);
@@ -70,6 +71,27 @@ def var_mean_correction(x, dim=None, *, correction=None, keepdim=False):
     var, mean_keep = _variance(x, dims, correction, keepdim)
     mean = mean_keep if keepdim or not dims else mean_keep.squeeze(dims)
     return var.to(x.dtype), mean.to(x.dtype)
+
+
+def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    """``linalg_vector_norm`` for ord 2 (``sqrt(sum(x * x))``), 1, inf and -inf, in the accumulation
+    dtype of ``x`` (or ``dtype``), for floating point ``x`` with static sizes and a non-empty domain."""
+    if not x.dtype.is_floating_point or not all(type(s) is int for s in x.shape) or x.numel() == 0:
+        return NotImplemented
+    if ord not in (1, 2, math.inf, -math.inf):
+        return NotImplemented
+    dims = _norm_dims(x, dim)
+    source = x if dtype is None else x.to(dtype)
+    acc = source.to(_accumulation_dtype(source)).abs()
+    if not dims:                # a 0-d tensor
+        out = acc
+    elif ord == 2:
+        out = (acc * acc).sum(dims, keepdim=keepdim).sqrt()
+    elif ord == 1:
+        out = acc.sum(dims, keepdim=keepdim)
+    else:
+        out = (acc.amax if ord > 0 else acc.amin)(dims, keepdim=keepdim)
+    return out.to(source.dtype)
 
 
 def _flag_reduction(x, dim, keepdim, reduce):
@@ -179,6 +201,7 @@ FUSION_DECOMPOSITIONS = {
     aten.var.correction: var_correction,
     aten.var_mean.correction: var_mean_correction,
     aten.full_like.default: full_like,
+    aten.linalg_vector_norm.default: vector_norm,
     aten.any.dim: any_dims,
     aten.any.dims: any_dims,
     aten.any.default: any_all,

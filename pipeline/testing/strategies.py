@@ -3,7 +3,7 @@
 A drawn :class:`GraphCase` is a torch-level ``fx.GraphModule`` (what capture hands to the passes)
 plus the specs of its inputs; ``case.make_inputs(seed)`` gives fresh random tensors (never zeros).
 Graphs mix pointwise ops with broadcasting, reductions (sum, mean, amax, amin, var, argmax,
-softmax, safe softmax, log_softmax, layer norm), views (permute, transpose, reshape, unsqueeze, expand, narrow),
+softmax, safe softmax, log_softmax, layer norm, vector norms), views (permute, transpose, reshape, unsqueeze, expand, narrow),
 permuted (non-contiguous) inputs, constants, several dtypes, and optionally in-place updates.
 
 Shapes: most cases keep every dimension in ``1..max_dim``, small graphs that run and shrink fast.
@@ -31,7 +31,7 @@ UNARY = [torch.neg, torch.abs, torch.relu, torch.sigmoid, torch.tanh, torch.sin,
 GUARDED_UNARY = ["exp", "sqrt", "log", "reciprocal"]
 BINARY = [torch.add, torch.sub, torch.mul, torch.maximum, torch.minimum]
 REDUCTIONS = ["sum", "mean", "amax", "amin", "var", "argmax", "softmax", "safe_softmax", "log_softmax",
-              "layer_norm"]
+              "layer_norm", "vector_norm"]
 VIEWS = ["permute", "transpose", "reshape", "unsqueeze", "expand", "narrow"]
 
 # Large shapes: the other axes take small odd sizes, one axis the rest of the element budget.
@@ -399,6 +399,9 @@ def _reduction(draw, builder: _Builder, node: torch.fx.Node, meta: torch.Tensor)
         return builder.call(torch.softmax, node, dim)
     if kind == "log_softmax":
         return builder.call(torch.log_softmax, node, dim)
+    if kind == "vector_norm":
+        order = draw(st.sampled_from([1, 2, math.inf]))
+        return builder.call(torch.linalg.vector_norm, node, order, [dim], keepdim)
     if kind == "safe_softmax":      # attention's math path: softmax, zero where a row is all -inf (any/all)
         return builder.call(torch.ops.aten._safe_softmax.default, node, dim)
     return builder.call(torch.nn.functional.layer_norm, node, [meta.shape[-1]])
