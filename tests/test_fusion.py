@@ -83,6 +83,23 @@ def test_vector_norms_reduce_in_generated_kernels_like_eager(dtype):
         torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("conv", [torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Conv1d(3, 8, 5, groups=1),
+                                  torch.nn.ConvTranspose2d(3, 8, 2, stride=2)], ids=["conv2d", "conv1d", "transposed"])
+def test_a_convolutions_bias_joins_the_kernel_after_it_where_the_plan_says(conv):
+    model = torch.nn.Sequential(conv, torch.nn.SiLU()).eval()
+    x = torch.randn(2, 3, 12, 12) if conv.weight.dim() == 4 else torch.randn(2, 3, 20)
+    apart = compile_with_plan(model, {"extends": "default", "options": {"fuse": {"conv_bias_apart": ["cpu"]}}})
+    with torch.no_grad():
+        assert compare(model(x), apart(x)) is None
+    code = compilation_of(apart).graphs[0].final_code
+    assert "aten_convolution_default(" in code and ", None, [" in code and compilation_of(apart).graphs[0].kernels == 1
+    torch._dynamo.reset()
+    kept = compile_with_plan(model, "default")          # the CPU default: oneDNN adds the bias itself
+    with torch.no_grad():
+        kept(x)
+    assert ", None, [" not in compilation_of(kept).graphs[0].final_code
+
+
 def test_layer_norm_gelu_residual_is_one_kernel():
     def block(x, w, b):
         return F.gelu(F.layer_norm(x, (x.shape[-1],), w, b)) + x

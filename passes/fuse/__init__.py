@@ -21,12 +21,12 @@ import attrs
 import torch
 import torch.fx
 
-from pipeline import Pass, PassContext, option, positive
+from pipeline import Pass, PassContext, device_types, option, positive
 from pipeline import compat
 from passes.kernel_ir.groups import FusedGroup, end_padding, meta_of, reduction_axes
 from passes.kernel_ir import rules
 
-from .canonicalize import FUSION_DECOMPOSITIONS, fold_lone_scalar_fills, split_shared_sources
+from .canonicalize import FUSION_DECOMPOSITIONS, fold_lone_scalar_fills, split_shared_sources, without_conv_bias
 from .choices import FusionChoices
 from .dependencies import Dependencies
 from .legality import (Group, can_grow, classify, creates_cycle, independent_merge_problem, input_reshape_problem,
@@ -55,6 +55,10 @@ class FuseOptions:
                                       "f(gather(x, dim, index)) when f's other operands are constant along "
                                       "dim, so the full f(x) is not written (cross-entropy's log-probabilities; "
                                       "see passes/fuse/gathers.py).")
+    conv_bias_apart: list[str] = option(
+        ["cuda"], "Devices on which a convolution's bias is added by the kernel that reads the convolution "
+                  "(the convolution runs without it): ATen's CUDA convolution adds a bias in a kernel of its "
+                  "own. On the CPU, oneDNN adds it inside the convolution.", check=device_types)
     max_notes: int = option(50, "Most rejected-fusion reasons recorded per graph in the report.",
                             check=positive)
 
@@ -64,7 +68,7 @@ class Fuse(Pass):
 
     name = "fuse"
     Options = FuseOptions
-    version = "18"
+    version = "19"
     cache_material = rules.cache_material   # rules a plugin adds or replaces change the output
     requires = frozenset({"functional", "aten"})
     provides = frozenset({"fused"})
@@ -81,7 +85,11 @@ class Fuse(Pass):
                 context.note(f"{sunk} gather(s) of elementwise results now gather before computing",
                              topic="fusion")
         with torch.no_grad():
-            graph = compat.retrace(graph, context.example_inputs, decompositions=FUSION_DECOMPOSITIONS)
+            decompositions = FUSION_DECOMPOSITIONS
+            if self.options.conv_bias_apart:
+                decompositions = {**decompositions,
+                                  torch.ops.aten.convolution.default: without_conv_bias(self.options.conv_bias_apart)}
+            graph = compat.retrace(graph, context.example_inputs, decompositions=decompositions)
         if self.options.sum_one_hots:
             summed = sum_one_hots(graph)
             if summed:

@@ -5,6 +5,8 @@
   of 0/1 flags, so every reduction a kernel sees is a plain sum/amax/amin/argmax/argmin/prod (the
   safe softmax of attention's math path tests its rows with ``all``: its test joins the
   softmax's own kernel);
+- a convolution's bias (on the devices ``fuse.conv_bias_apart`` names) is added after it, by the
+  kernel that reads the convolution;
 - ``full_like`` of a contiguous result becomes ``full`` (no longer reading, or keeping alive,
   the tensor it copies the shape of);
 - an accumulating ``index_put`` along dim 0 (the embedding gradient) becomes ``index_add``;
@@ -193,6 +195,18 @@ def index_put_accumulate(x, indices, values, accumulate=False):
         return NotImplemented
     flat = torch.where(index < 0, index + x.shape[0], index).reshape(-1)
     return torch.index_add(x, 0, flat, values.reshape(-1, *x.shape[1:]))
+
+
+def without_conv_bias(devices: list[str]):
+    """A decomposition of ``aten.convolution`` on ``devices``: the convolution without its bias,
+    then ``+ bias`` per channel, an elementwise add that joins the kernel reading the result."""
+    def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+        if bias is None or x.device.type not in devices:
+            return NotImplemented
+        out = torch.ops.aten.convolution.default(x, weight, None, stride, padding, dilation, transposed,
+                                                 output_padding, groups)
+        return out + bias.view([1, -1] + [1] * (out.dim() - 2))
+    return convolution
 
 
 FUSION_DECOMPOSITIONS = {
