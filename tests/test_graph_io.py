@@ -45,6 +45,18 @@ def test_fused_graphs_round_trip_with_their_groups(case):
     assert run_and_compare(fused, loaded, inputs) is None
 
 
+def test_stack_traces_round_trip_each_stored_once():
+    """A graph from the compile cache still names the user's lines in reports and profiles."""
+    gm = torch.fx.symbolic_trace(lambda x: (x.sin() + 1).cos())
+    ops = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method")]
+    for node in ops:
+        node.meta["stack_trace"] = 'File "model.py", line 3, in forward\n    return (x.sin() + 1).cos()'
+    data, _ = graph_to_data(gm)
+    assert len(data["traces"]) == 1
+    loaded = round_trip(gm)
+    assert [n.meta.get("stack_trace") for n in loaded.graph.nodes] == [n.meta.get("stack_trace") for n in gm.graph.nodes]
+
+
 def test_graph_constants_are_saved_apart_from_the_graph():
     gm = torch.fx.symbolic_trace(torch.nn.Linear(3, 2))
     data, constants = graph_to_data(gm)

@@ -198,7 +198,7 @@ def graph_material(gm: torch.fx.GraphModule) -> tuple[Any, str | None]:
     The graph as data (operators by name, constants by content hash); a graph that cannot be
     written as data is keyed on its generated source plus the module and name of every callee."""
     try:
-        data, constants = graph_to_data(gm)
+        data, constants = graph_to_data(gm, traces=False)
         note = None
     except UnsupportedGraph as exc:
         callees = [f"{getattr(n.target, '__module__', '?')}.{getattr(n.target, '__qualname__', repr(n.target))}"

@@ -132,12 +132,15 @@ class Describable(Protocol):
         ...
 
 
-def graph_to_data(gm: torch.fx.GraphModule, codec: Codec | None = None) -> tuple[dict, dict[str, torch.Tensor]]:
+def graph_to_data(gm: torch.fx.GraphModule, codec: Codec | None = None,
+                  traces: bool = True) -> tuple[dict, dict[str, torch.Tensor]]:
     """``(data, constants)``: JSON-ready description of ``gm`` and its tensor attributes. With a
     ``codec``, :class:`Describable` objects are described too and the constants land in
-    ``codec.constants``."""
+    ``codec.constants``. ``traces=False`` leaves the nodes' stack traces out (what a cache key
+    records: the same graph captured from another line is the same graph)."""
     constants: dict[str, torch.Tensor] = codec.constants if codec is not None else {}
-    data = _graph_data(gm, constants, prefix="", codec=codec if codec is not None else Codec(constants, portable_only=True))
+    data = _graph_data(gm, constants, prefix="", codec=codec if codec is not None else Codec(constants, portable_only=True),
+                       traces=traces)
     if codec is not None:
         data.update(_module_class(gm))
     return {"format": FORMAT, **data}, constants
@@ -174,10 +177,15 @@ def _importable(cls: type) -> bool:
 
 
 # -- writing -------------------------------------------------------------------------------------
-def _graph_data(gm: torch.fx.GraphModule, constants: dict, prefix: str, codec: Codec | None = None) -> dict:
+def _graph_data(gm: torch.fx.GraphModule, constants: dict, prefix: str, codec: Codec | None = None,
+                traces: bool = True) -> dict:
     nodes = []
+    seen: dict[str, int] = {}     # each distinct stack trace once (reports and profiles name the user's line)
     for node in gm.graph.nodes:
         entry: dict = {"name": node.name, "op": node.op}
+        trace = node.meta.get("stack_trace")
+        if traces and isinstance(trace, str):
+            entry["trace"] = seen.setdefault(trace, len(seen))
         if node.op == "get_attr":
             value = _attr(gm, node.target)
             if not isinstance(value, torch.Tensor):
@@ -194,7 +202,7 @@ def _graph_data(gm: torch.fx.GraphModule, constants: dict, prefix: str, codec: C
         entry["args"] = _value_data(node.args, node)
         entry["kwargs"] = _value_data(dict(node.kwargs), node)
         nodes.append(entry)
-    return {"nodes": nodes}
+    return {"nodes": nodes, "traces": list(seen)} if seen else {"nodes": nodes}
 
 
 def _target_data(node: torch.fx.Node, constants: dict, prefix: str, codec: Codec | None = None) -> dict:
@@ -267,6 +275,7 @@ def _build(data: dict, constants: dict, prefix: str, codec: Codec | None = None)
     graph = torch.fx.Graph()
     root = torch.nn.Module()
     env: dict[str, torch.fx.Node] = {}
+    traces = data.get("traces", [])
     for entry in data["nodes"]:
         op = entry["op"]
         target = entry["target"]
@@ -277,6 +286,8 @@ def _build(data: dict, constants: dict, prefix: str, codec: Codec | None = None)
         args = _load_value(entry["args"], env)
         kwargs = _load_value(entry["kwargs"], env)
         node = graph.create_node(op, target, tuple(args), kwargs, name=entry["name"])
+        if "trace" in entry:
+            node.meta["stack_trace"] = traces[entry["trace"]]
         env[entry["name"]] = node
     graph.lint()
     return torch.fx.GraphModule(root, graph)
