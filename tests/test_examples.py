@@ -130,11 +130,14 @@ def scaled_softmax(x: torch.Tensor) -> torch.Tensor:
     return e / e.sum(dim=-1, keepdim=True)
 
 
-@pytest.mark.parametrize("fn, inputs, rule", [
-    (residual_rms_norm, (torch.randn(8, 64), torch.randn(8, 64), torch.randn(64)), "vector-norm"),
-    (scaled_softmax, (torch.randn(8, 64),), "max-values"),
+@pytest.mark.parametrize("fn, inputs, rule, default_kernels", [
+    (residual_rms_norm, (torch.randn(8, 64), torch.randn(8, 64), torch.randn(64)), "vector-norm", 1),
+    (scaled_softmax, (torch.randn(8, 64),), "max-values", 2),
 ], ids=["rms-norm", "softmax"])
-def test_fusable_reductions_plan_turns_two_kernels_into_one(installed, fn, inputs, rule):
+def test_fusable_reductions_plan_makes_one_kernel(installed, fn, inputs, rule, default_kernels):
+    """``max(...).values`` splits the default plan's kernel around an extern call, which the plugin's
+    rewrite removes; a 2-norm the built-in fuser reduces itself (fuse 18), so there the rewrite
+    changes the graph but not the kernel count."""
     kernels = {}
     for plan in ("default", "fusable-reductions"):
         compiled = pipeline.compile_with_plan(fn, plan)
@@ -143,7 +146,7 @@ def test_fusable_reductions_plan_turns_two_kernels_into_one(installed, fn, input
         kernels[plan] = record.kernels
         rewrites = [n["message"] for n in record.notes if n["pass"] == "fusable-reductions"]
         assert rewrites == ([f"{rule}: rewrote 1 node(s)"] if plan == "fusable-reductions" else [])
-    assert kernels == {"default": 2, "fusable-reductions": 1}
+    assert kernels == {"default": default_kernels, "fusable-reductions": 1}
 
 
 class SoftmaxGate(torch.nn.Module):

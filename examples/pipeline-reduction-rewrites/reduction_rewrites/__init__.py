@@ -6,7 +6,8 @@ extern call, which splits the kernel around it:
 - ``x.max(dim, keepdim=True).values`` (``aten.max.dim``, used by hand-written stable softmax and
   log-sum-exp) returns values *and* indices, so it is not one tensor-valued reduction;
 - ``x.norm(dim=-1, keepdim=True)`` (``aten.linalg_vector_norm``, used by RMS norm written as
-  ``x / (x.norm(dim=-1, keepdim=True) * d ** -0.5 + eps)``) is not a reduction the fuser knows.
+  ``x / (x.norm(dim=-1, keepdim=True) * d ** -0.5 + eps)``) was not a reduction the fuser knew
+  (since ``fuse`` 18 it reduces vector norms itself; the rule rewrites them the same way).
 
 This pass rewrites them into the reductions the fuser does fuse with their pointwise prologue and
 epilogue: ``amax``/``amin`` when only the values of ``max.dim``/``min.dim`` are used, and
