@@ -48,6 +48,23 @@ def test_a_new_shape_goes_through_dynamo_then_both_variants_run_directly():
     assert counts(compiled) == {"direct": 2, "through_dynamo": 2}
 
 
+def test_sizes_of_an_older_entry_and_of_the_dynamic_one_alternate_directly_and_match_eager():
+    """Size 1 keeps its own entry beside the dynamic graph (Dynamo specializes 0 and 1); the
+    direct path tries the entry its previous call ran first, and any passing entry is valid."""
+    model = TwoLayers()
+    compiled = compile_with_plan(model, "default")
+    with torch.no_grad():
+        for batch in (1, 2, 3):                 # size 1, then a size change: one dynamic graph
+            compiled(torch.randn(batch, 8))
+        before = counts(compiled)
+        for batch in (1, 1, 5, 1, 7, 7, 1):
+            x = torch.randn(batch, 8)
+            assert compare(model(x), compiled(x)) is None
+    after = counts(compiled)
+    assert after["through_dynamo"] == before["through_dynamo"] and after["direct"] == before["direct"] + 7
+    assert len(compilation_of(compiled).graphs) == 2
+
+
 def test_grad_mode_is_guarded_so_each_mode_runs_its_own_variant():
     model = TwoLayers()
     compiled = compile_with_plan(model, "default", **STATIC)

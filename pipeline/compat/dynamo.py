@@ -366,9 +366,11 @@ class DirectCall:
 
     This does the same lookup directly: the frame's locals are built from the call's arguments
     and the function's closure, each cache entry compiled by *our* backend has its guard manager
-    checked in Dynamo's order, and the first that passes has its transformed code run as a
-    plain function, with the compiled graph and Dynamo's profiler-range markers unwrapped from
-    their ``disable`` wrappers (no frame hook is installed on this path). It declines (returns
+    checked in Dynamo's order (the entry the previous direct call ran first: a graph for size 1
+    after a size change has Dynamo check the newer dynamic entry's failing guards on every call,
+    and any entry whose guards pass is valid for the call), and the first that passes has its
+    transformed code run as a plain function, with the compiled graph and Dynamo's profiler-range
+    markers unwrapped from their ``disable`` wrappers (no frame hook is installed on this path). It declines (returns
     :data:`MISS`, and the caller goes through Dynamo) when no entry passes (a recompile is due),
     when ``allowed()`` says no (capture: once a call of the current grad mode saw a graph
     break), when the entry that passes calls anything but one compiled graph (resume functions
@@ -398,6 +400,7 @@ class DirectCall:
         self._entries = torch._C._dynamo.eval_frame._debug_get_cache_entry_list
         self._frame_callback = torch._C._dynamo.eval_frame.get_eval_frame_callback
         self._is_compiling = torch.compiler.is_compiling
+        self._last = None  # guard manager of the entry the last direct call ran
         self.hits = 0      # calls run directly
         self.misses = 0    # calls left to Dynamo
 
@@ -451,14 +454,27 @@ class DirectCall:
             return MISS
         entries = self._entries(self._code)
         local = self._locals(args, kwargs)
+        last = self._last
+        if last is not None:        # the entry the previous hit ran, whose guards a repeated size passes
+            for entry in entries:
+                if entry.guard_manager is last:
+                    if last.check(local):
+                        return self._run(entry, args, kwargs)
+                    break
         for entry in entries:
-            if getattr(entry.backend, "compiler_fn", entry.backend) is not self._backend:
+            if entry.guard_manager is last or getattr(entry.backend, "compiler_fn", entry.backend) is not self._backend:
                 continue
             if entry.guard_manager.check(local):
-                function = self._function(entry.code)
-                if function is None:
-                    break
-                self.hits += 1
-                return function(*args, **kwargs)
+                return self._run(entry, args, kwargs)
         self.misses += 1
         return MISS
+
+    def _run(self, entry: Any, args: tuple, kwargs: dict) -> Any:
+        function = self._function(entry.code)
+        if function is None:
+            self._last = None
+            self.misses += 1
+            return MISS
+        self._last = entry.guard_manager
+        self.hits += 1
+        return function(*args, **kwargs)
