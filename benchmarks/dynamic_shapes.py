@@ -15,8 +15,9 @@ Every workload is called at all its sizes, in order, by ``ours-dynamic`` (the de
 Dynamo's ``dynamic=None``, so the first size change recompiles once with the size symbolic) and
 ``inductor-dynamic`` (``torch.compile``, ``dynamic=None``); each call is compared with eager. Then,
 at the timed sizes, ``ours-static`` compiles one graph per size (``capture.dynamic: false``), and
-eager, ours-dynamic, ours-static and inductor-dynamic are timed in interleaved rounds: wall ms per
-call (synchronized) and host ms per call (the time to issue it). ``compiles`` counts the graphs
+eager, ours-dynamic, ours-static and inductor-dynamic are timed in interleaved rounds (the order
+rotated and reversed round by round; on the CPU a pause and an untimed call before each variant, as
+the zoo times): wall ms per call (synchronized) and host ms per call (the time to issue it). ``compiles`` counts the graphs
 each variant compiled; ``kernels`` the generated kernels of our dynamic graph.
 
 Writes ``dynamic-shapes.json`` and ``dynamic-shapes.md`` under ``--out`` (the commit named there is
@@ -40,7 +41,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pipeline  # noqa: E402
-from zoo.measure import relerr, synchronize  # noqa: E402  (as the zoo measures)
+from zoo.measure import CPU_PAUSE, relerr, synchronize  # noqa: E402  (as the zoo measures)
 from pipeline import compile_with_plan  # noqa: E402
 
 
@@ -205,9 +206,14 @@ def run(work: dict, device: str, rounds: int, iters: int, save=lambda result: No
                 fn(*inputs)
             result["errors"][f"ours-static@{size}"] = relerr(static(*inputs), expected)
             samples = {name: [] for name in variants}
-            for _ in range(rounds):
-                for name, fn in variants.items():
-                    samples[name].append(timed(fn, inputs, iters, device))
+            names = list(variants)
+            for round_ in range(rounds):    # rotated and reversed round by round, as the zoo times
+                order = names[round_ % len(names):] + names[:round_ % len(names)]
+                for name in (reversed(order) if round_ % 2 else order):
+                    if device == "cpu":     # the previous variant's OpenMP threads stop spinning first
+                        time.sleep(CPU_PAUSE)
+                        variants[name](*inputs)
+                    samples[name].append(timed(variants[name], inputs, iters, device))
             result["times"][size] = {name: {"wall_ms": statistics.median(s[0] for s in v),
                                             "host_ms": statistics.median(s[1] for s in v)}
                                      for name, v in samples.items()}
