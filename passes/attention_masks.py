@@ -3,9 +3,9 @@
 ``scaled_dot_product_attention`` is a composite: tracing (Dynamo's graph to ATen, or AOTAutograd's
 joint graph) picks its kernel on the traced shapes and strides, and the fused kernels (cuDNN, flash,
 memory-efficient) need the mask's key axis at unit stride. A mask broadcast along that axis (an
-``expand`` with stride 0 there: transformers builds ``mask[:, None, None, :].expand(b, 1, q, k)`` for
-encoders under tracing, where eagerly it passes no mask at all) sends the call to the math path:
-two float32 batched matmuls and a softmax per layer. :func:`dense_attention_masks` makes such a mask
+``expand`` with stride 0 there, as the all-True masks transformers builds under tracing for ViT and
+wav2vec2 are, strides ``(0, q, 1, 0)``, where eagerly the fused kernel runs) sends the call to the
+math path: two float32 batched matmuls and a softmax per layer. :func:`dense_attention_masks` makes such a mask
 dense once (``contiguous``), shared by every attention call that reads it, so tracing keeps the fused
 kernel.
 """

@@ -9,9 +9,8 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from passes.kernel_ir import rules
-from passes.kernel_ir.groups import (CONSTANTS, IOTAS, REDUCTIONS, UNIT_RESHAPES, end_padding, group_levels, iota_of,
-                                     meta_of,
-                                     packet_name, reduction_axes)
+from passes.kernel_ir.groups import (CONSTANTS, IOTAS, REDUCTIONS, UNIT_RESHAPES, broadcasts_to, end_padding,
+                                     group_levels, iota_of, meta_of, packet_name, reduction_axes)
 
 if TYPE_CHECKING:
     from .dependencies import Dependencies
@@ -121,7 +120,6 @@ def stranded_broadcast(levels: dict, domain: tuple, reduced: tuple) -> str | Non
     recomputed per element of the ``domain`` but of a smaller shape (a group norm's per-channel
     scale), with a user that cannot consume it inside the group (a reshape, another domain). That
     value would be a kernel output, which a kernel cannot store. None when there is none."""
-    from passes.kernel_ir.groups import broadcasts_to
     if not reduced:
         return None
     for member, level in levels.items():

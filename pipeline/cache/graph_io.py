@@ -139,8 +139,8 @@ def graph_to_data(gm: torch.fx.GraphModule, codec: Codec | None = None,
     ``codec.constants``. ``traces=False`` leaves the nodes' stack traces out (what a cache key
     records: the same graph captured from another line is the same graph)."""
     constants: dict[str, torch.Tensor] = codec.constants if codec is not None else {}
-    data = _graph_data(gm, constants, prefix="", codec=codec if codec is not None else Codec(constants, portable_only=True),
-                       traces=traces)
+    writer = codec if codec is not None else Codec(constants, portable_only=True)
+    data = _graph_data(gm, constants, prefix="", codec=writer, traces=traces)
     if codec is not None:
         data.update(_module_class(gm))
     return {"format": FORMAT, **data}, constants

@@ -370,16 +370,16 @@ class DirectCall:
     after a size change has Dynamo check the newer dynamic entry's failing guards on every call,
     and any entry whose guards pass is valid for the call), and the first that passes has its
     transformed code run as a plain function, with the compiled graph and Dynamo's profiler-range
-    markers unwrapped from their ``disable`` wrappers (no frame hook is installed on this path). It declines (returns
-    :data:`MISS`, and the caller goes through Dynamo) when no entry passes (a recompile is due),
-    when ``allowed()`` says no (capture: once a call of the current grad mode saw a graph
-    break), when the entry that passes calls anything but one compiled graph (resume functions
-    after a graph break are compiled by Dynamo's frame hook only, and would run eagerly here),
-    under a stance that changes hits (``force_eager``, the ``*_then_compile`` stances), and when
-    called while Dynamo is tracing or its frame hook is installed (a compiled function calling
-    this one). It does not
-    read ``torch._dynamo.config.disable`` (a costly config read): a process that turns Dynamo off after
-    compiling keeps running what was compiled until a call misses.
+    markers unwrapped from their ``disable`` wrappers (no frame hook is installed on this path).
+    It declines (returns :data:`MISS`, and the caller goes through Dynamo) when no entry passes
+    (a recompile is due), when ``allowed()`` says no (capture: once a call of the current grad
+    mode saw a graph break), when the entry that passes calls anything but one compiled graph
+    (resume functions after a graph break are compiled by Dynamo's frame hook only, and would
+    run eagerly here), under a stance that changes hits (``force_eager``, the ``*_then_compile``
+    stances), and when called while Dynamo is tracing or its frame hook is installed (a compiled
+    function calling this one). It does not read ``torch._dynamo.config.disable`` (a costly
+    config read): a process that turns Dynamo off after compiling keeps running what was
+    compiled until a call misses.
     """
 
     def __init__(self, fn: Callable, backend: Callable, allowed: Callable[[], bool] = lambda: True):

@@ -3,8 +3,9 @@
 A drawn :class:`GraphCase` is a torch-level ``fx.GraphModule`` (what capture hands to the passes)
 plus the specs of its inputs; ``case.make_inputs(seed)`` gives fresh random tensors (never zeros).
 Graphs mix pointwise ops with broadcasting, reductions (sum, mean, amax, amin, var, argmax,
-softmax, safe softmax, log_softmax, layer norm, vector norms), views (permute, transpose, reshape, unsqueeze, expand, narrow),
-permuted (non-contiguous) inputs, constants, several dtypes, and optionally in-place updates.
+softmax, safe softmax, log_softmax, layer norm, vector norms), views (permute, transpose, reshape,
+unsqueeze, expand, narrow), permuted (non-contiguous) inputs, constants, several dtypes, and
+optionally in-place updates.
 
 Shapes: most cases keep every dimension in ``1..max_dim``, small graphs that run and shrink fast.
 A share of them (``large_shapes``, 1 in 8 by default) is large instead: 10,000 to ``max_elements``
