@@ -108,3 +108,47 @@ def test_the_summary_page_lists_failures_and_skips_instead_of_dropping_them(tmp_
     assert "PassFailure: boom" in page and "timm does not import" in page
     assert summary["inference"]["all"]["ours-default"]["pass_rate"] == 0.0
     assert summary["inference_trailing"][0]["model"] == "a"
+
+
+def test_a_model_whose_retry_alone_the_budget_never_reached_keeps_its_first_attempt(tmp_path, monkeypatch):
+    """Out of device memory beside other model processes, a model is queued to run again alone;
+    when the budget ends first, its first attempt is reported (with a note), not a bare skip."""
+    import json
+    from zoo import runner
+
+    class Finished:
+        """A model process that has already exited."""
+        returncode = 0
+
+        def __init__(self):
+            self.started = time.perf_counter()
+
+        def poll(self):
+            return 0 if time.perf_counter() - self.started > 0.2 else None
+
+        def kill(self):
+            pass
+
+        def wait(self):
+            return 0
+
+    def spawn(model, mode, args, work, *, warm=False):
+        path = work / f"{model.name}-{mode}.json"
+        path.write_text(json.dumps({"model": model.name, "family": model.family, "mode": mode, "variants": {
+            "eager": {"status": "pass", "ms": 2.0, "cold_s": 0.1},
+            "inductor-default": {"status": "error", "error": "torch.OutOfMemoryError: CUDA out of memory"},
+            "ours-default": {"status": "pass", "ms": 1.0, "cold_s": 1.0}}}))
+        return Finished(), path, open(work / f"{model.name}-{mode}.log", "w")
+
+    monkeypatch.setattr(runner, "_spawn", spawn)
+    args = runner.build_parser().parse_args(["--device", "cpu", "--models", "gpt2,bert", "--mode", "inference",
+                                             "--jobs", "2", "--budget", "0.1", "--grace", "0",
+                                             "--work", str(tmp_path)])
+    result = runner.run_zoo(args)
+    records = {r["model"]: r for r in result["records"]}
+    assert set(records) == {"gpt2", "bert"}
+    for record in records.values():
+        assert "skipped" not in record and "not run again alone" in record["note"]
+        assert record["variants"]["ours-default"]["ms"] == 1.0
+    page = markdown(result, summarize(result))
+    assert "first attempt, beside other model processes" in page

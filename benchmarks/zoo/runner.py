@@ -330,6 +330,7 @@ def run_zoo(args: argparse.Namespace, written: Callable[[dict], None] = lambda r
 
     queue = [(m, mode, False) for m, mode in pending]
     retried: set[tuple[str, str]] = set()
+    first_attempts: dict[tuple[str, str], dict] = {}    # kept until the retry alone replaces them
     jobs = args.jobs
     while True:
         if not queue and not running:
@@ -340,15 +341,23 @@ def run_zoo(args: argparse.Namespace, written: Callable[[dict], None] = lambda r
                 break
             retried.update(again)
             jobs = 1
+            first_attempts.update({(r["model"], r["mode"]): r for r in records if (r["model"], r["mode"]) in retried})
             records[:] = [r for r in records if (r["model"], r["mode"]) not in retried]
             done -= len(again)
             queue = [(zoo.MODELS[name], mode, False) for name, mode in again]
         elapsed = time.perf_counter() - started
         if args.budget and elapsed > args.budget:
+            spent = f"the run's budget of {args.budget:.0f} s was spent"
             for model, mode, warm in queue:
-                if not warm:
+                if warm:
+                    continue
+                first = first_attempts.get((model.name, mode))
+                if first is not None:       # what ran beside other processes, rather than nothing
+                    records.append(dict(first, note=f"first attempt, beside other model processes (a variant "
+                                                    f"ran out of device memory); not run again alone: {spent}"))
+                else:
                     records.append({"model": model.name, "family": model.family, "mode": mode, "variants": {},
-                                    "skipped": f"not started: the run's budget of {args.budget:.0f} s was spent"})
+                                    "skipped": f"not started: {spent}"})
             queue = []
         while queue and len(running) < jobs:
             model, mode, warm = queue.pop(0)

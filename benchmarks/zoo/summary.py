@@ -146,7 +146,8 @@ def markdown(result: dict, summary: dict) -> str:
             if record.get("skipped") or record.get("error"):
                 cells = [f"{'skipped' if record.get('skipped') else 'error'}: "
                          f"{str(record.get('skipped') or record.get('error'))[:120]}"] + [""] * (len(names) - 1)
-            lines.append(f"| {record['model']} | {record['family']} | " + " | ".join(cells) + " |")
+            model = f"{record['model']} ({record['note']})" if record.get("note") else record["model"]
+            lines.append(f"| {model} | {record['family']} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
 
