@@ -17,8 +17,8 @@ Dynamo's ``dynamic=None``, so the first size change recompiles once with the siz
 at the timed sizes, ``ours-static`` compiles one graph per size (``capture.dynamic: false``), and
 eager, ours-dynamic, ours-static and inductor-dynamic are timed in interleaved rounds (the order
 rotated and reversed round by round; on the CPU a pause and an untimed call before each variant, as
-the zoo times): wall ms per call (synchronized) and host ms per call (the time to issue it). ``compiles`` counts the graphs
-each variant compiled; ``kernels`` the generated kernels of our dynamic graph.
+the zoo times): wall ms per call (synchronized) and host ms per call (the time to issue it).
+``compiles`` counts the graphs each variant compiled; ``kernels`` the generated kernels of our dynamic graph.
 
 Writes ``dynamic-shapes.json`` and ``dynamic-shapes.md`` under ``--out`` (the commit named there is
 ``PIPELINE_COMMIT`` when set: a copy of the tree without its git history names it so).
@@ -41,7 +41,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pipeline  # noqa: E402
-from zoo.measure import CPU_PAUSE, relerr, synchronize  # noqa: E402  (as the zoo measures)
+from zoo.measure import CPU_PAUSE, relerr, round_order, synchronize  # noqa: E402  (as the zoo measures)
 from pipeline import compile_with_plan  # noqa: E402
 
 
@@ -206,10 +206,8 @@ def run(work: dict, device: str, rounds: int, iters: int, save=lambda result: No
                 fn(*inputs)
             result["errors"][f"ours-static@{size}"] = relerr(static(*inputs), expected)
             samples = {name: [] for name in variants}
-            names = list(variants)
-            for round_ in range(rounds):    # rotated and reversed round by round, as the zoo times
-                order = names[round_ % len(names):] + names[:round_ % len(names)]
-                for name in (reversed(order) if round_ % 2 else order):
+            for round_ in range(rounds):
+                for name in round_order(list(variants), round_):
                     if device == "cpu":     # the previous variant's OpenMP threads stop spinning first
                         time.sleep(CPU_PAUSE)
                         variants[name](*inputs)

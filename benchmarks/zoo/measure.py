@@ -112,14 +112,20 @@ def interleaved(calls: dict[str, Callable[[], Any]], device: str, *, rounds: int
     synchronize(device)
     samples: dict[str, list[float]] = {name: [] for name in names}
     for round_ in range(rounds):
-        order = names[round_ % len(names):] + names[:round_ % len(names)]
-        for name in (reversed(order) if round_ % 2 else order):
+        for name in round_order(names, round_):
             if not device.startswith("cuda"):
                 time.sleep(CPU_PAUSE)
                 calls[name]()          # untimed: wakes this variant's own threads after the pause
             samples[name].append(_time_calls(calls[name], device, iters))
     return {name: {"ms": statistics.median(s), "min_ms": min(s), "max_ms": max(s), "rounds": s}
             for name, s in samples.items()}
+
+
+def round_order(names: list[str], round_: int) -> list[str]:
+    """The order variants are timed in during round ``round_``: rotated by one each round and
+    reversed every other round, so no variant always follows the same one."""
+    order = names[round_ % len(names):] + names[:round_ % len(names)]
+    return order[::-1] if round_ % 2 else order
 
 
 def _time_calls(call: Callable[[], Any], device: str, iters: int) -> float:

@@ -110,19 +110,13 @@ def _flag_reduction(x, dim, keepdim, reduce):
 
 
 def any_dims(x, dim=None, keepdim=False):
+    """``any`` over ``dim`` (every dim when None: ``any.default`` too)."""
     return _flag_reduction(x, dim, keepdim, torch.amax)
 
 
-def any_all(x):
-    return _flag_reduction(x, None, False, torch.amax)
-
-
 def all_dims(x, dim=None, keepdim=False):
+    """``all`` over ``dim`` (every dim when None: ``all.default`` too)."""
     return _flag_reduction(x, dim, keepdim, torch.amin)
-
-
-def all_all(x):
-    return _flag_reduction(x, None, False, torch.amin)
 
 
 def full_like(x, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
@@ -218,10 +212,10 @@ FUSION_DECOMPOSITIONS = {
     aten.linalg_vector_norm.default: vector_norm,
     aten.any.dim: any_dims,
     aten.any.dims: any_dims,
-    aten.any.default: any_all,
+    aten.any.default: any_dims,
     aten.all.dim: all_dims,
     aten.all.dims: all_dims,
-    aten.all.default: all_all,
+    aten.all.default: all_dims,
     aten.scatter.value: scatter_value,
     aten.scatter.src: scatter_src,
     aten.index_put.default: index_put_accumulate,
