@@ -8,6 +8,8 @@ Per workload, in this order (each a new process):
 - ``ours warm process``: the same plan and cache folder in a second process (cache hit);
 - ``ours regional cold``: ``capture: {regions: [<block class>]}`` with an empty cache folder;
 - ``ours regional warm process``: the regional compile again in a second process;
+- ``ours precompile cold`` / ``ours precompile warm process``: ``capture: {precompile: true}`` (the
+  capture is stored beside the compiled graph, so the warm process traces nothing);
 - ``inductor cold``: ``torch.compile`` (mode default) with an empty ``TORCHINDUCTOR_CACHE_DIR``;
 - ``inductor warm process``: Inductor again in a second process with that cache folder.
 
@@ -36,7 +38,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 MODES = ["ours cold", "ours warm process", "ours regional cold", "ours regional warm process",
-         "inductor cold", "inductor warm process"]
+         "ours precompile cold", "ours precompile warm process", "inductor cold", "inductor warm process"]
 
 
 # -- the measured process --------------------------------------------------------------------------
@@ -58,18 +60,11 @@ def build(workload: str):
         device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
         gpt2 = GPT2LMHeadModel(config).eval().to(device, dtype)
 
-        class Prefill(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.model = gpt2
-
-            def forward(self, ids):
-                return self.model(input_ids=ids, use_cache=False).logits
-
         batch, seq = (8, 512) if cuda else (1, 64)
         ids = torch.randint(0, config.vocab_size, (batch, seq), device=device,
                             generator=torch.Generator(device=device).manual_seed(1))
-        return Prefill().eval(), (ids,), "GPT2Block", device
+        from workloads import LogitsOf
+        return LogitsOf(gpt2).eval(), (ids,), "GPT2Block", device
     raise SystemExit(f"unknown workload {workload!r}")
 
 
@@ -91,7 +86,8 @@ def child(workload: str, mode: str, cache: str) -> dict:
     else:
         sys.path.insert(0, str(ROOT))
         from pipeline import compilation_of, compile_with_plan
-        options = {"capture": {"regions": [region]}} if "regional" in mode else {}
+        options = ({"capture": {"regions": [region]}} if "regional" in mode
+                   else {"capture": {"precompile": True}} if "precompile" in mode else {})
         compiled = compile_with_plan(model, "default", cache={"dir": cache}, options=options)
     start = time.perf_counter()
     with torch.no_grad():
@@ -114,6 +110,10 @@ def child(workload: str, mode: str, cache: str) -> dict:
         result["not_cached"] = sorted({g.cache.get("reason") for g in compilation.graphs
                                        if g.cache.get("status") != "hit" and not g.cache.get("stored")})
         result["graph_breaks"] = len(compilation.graph_breaks)
+        stored = compilation.runtime.get("stored_captures")
+        if stored is not None:
+            result["stored_captures"] = stored.counts()
+            result["stored_capture_notes"] = stored.notes
     return result
 
 
@@ -136,17 +136,22 @@ def measure(workload: str, mode: str, cache: str, inductor_cache: str, triton_ca
     return json.loads(lines[-1])
 
 
-def run(workloads: list[str], repeats: int, timeout: float = 900) -> list[dict]:
+def _family(mode: str) -> str:
+    for family in ("inductor", "regional", "precompile"):
+        if family in mode:
+            return family
+    return "ours"
+
+
+def run(workloads: list[str], repeats: int, timeout: float = 900, modes: list[str] = MODES) -> list[dict]:
     rows = []
     for workload in workloads:
         for repeat in range(repeats):
             with tempfile.TemporaryDirectory(prefix="compile-time-") as work:
-                folders = {"ours": f"{work}/ours", "ours regional": f"{work}/regional"}
                 inductor = f"{work}/inductor"
-                for mode in MODES:
-                    family = "inductor" if mode.startswith("inductor") else "regional" if "regional" in mode else "ours"
-                    cache = folders["ours regional" if "regional" in mode else "ours"]
-                    row = measure(workload, mode, cache, inductor, f"{work}/triton-{family}", timeout)
+                for mode in modes:
+                    family = _family(mode)
+                    row = measure(workload, mode, f"{work}/{family}", inductor, f"{work}/triton-{family}", timeout)
                     row["repeat"] = repeat
                     rows.append(row)
                     print(_line(row), flush=True)
@@ -182,6 +187,9 @@ def summary(rows: list[dict]) -> list[str]:
             hits = sum(1 for r in warm_rows if r.get("cache") == ["hit"])
             parts.append(f"warm first call {warm:.3f} s (compile work {med('ours warm process', 'compile_work_s'):.3f} s, "
                          f"{hits}/{len(warm_rows)} warm runs were cache hits)")
+        precompiled = med("ours precompile warm process")
+        if precompiled is not None:
+            parts.append(f"precompile cold {med('ours precompile cold')} s, warm first call {precompiled:.3f} s")
         if inductor is not None:
             parts.append(f"inductor cold {inductor:.2f} s, warm {med('inductor warm process')} s")
         out.append("  ".join(parts))
@@ -195,6 +203,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="repeat every measurement N times (fresh folders)")
     parser.add_argument("--out", default=None, help="folder for compile_time-<date>.json")
     parser.add_argument("--timeout", type=float, default=900, help="seconds one measurement may take")
+    parser.add_argument("--modes", default=None, help=f"comma-separated subset of: {', '.join(MODES)}")
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(*args.child)))
@@ -204,7 +213,11 @@ def main() -> None:
     else:
         import torch
         workloads = ["cpu-two-blocks"] + (["gpt2-12"] if torch.cuda.is_available() else [])
-    rows = run(workloads, args.repeats, args.timeout)
+    modes = args.modes.split(",") if args.modes else MODES
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        parser.error(f"unknown mode(s) {unknown}; valid: {', '.join(MODES)}")
+    rows = run(workloads, args.repeats, args.timeout, modes)
     lines = summary(rows)
     print("\n".join(lines))
     if args.out:
@@ -212,8 +225,9 @@ def main() -> None:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+        commit_id = os.environ.get("PIPELINE_COMMIT") or commit.stdout.strip()
         record = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": platform.node(),
-                  "torch": torch.__version__, "commit": commit.stdout.strip(), "rows": rows, "summary": lines}
+                  "torch": torch.__version__, "commit": commit_id, "rows": rows, "summary": lines}
         path = out / f"compile_time-{datetime.date.today()}.json"
         path.write_text(json.dumps(record, indent=1))
         print(f"written {path}")

@@ -80,4 +80,15 @@ def cpu_workloads(seed: int = 0) -> list[tuple[str, object, tuple]]:
     ]
 
 
-__all__ = ["cpu_workloads", "MLP", "TwoBlocks", "math"]
+__all__ = ["cpu_workloads", "LogitsOf", "MLP", "TwoBlocks", "math"]
+
+
+class LogitsOf(torch.nn.Module):
+    """A transformers causal language model's prefill returning its logits (no KV cache)."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids, use_cache=False).logits

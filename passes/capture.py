@@ -91,6 +91,13 @@ class CaptureOptions:
               "submodules, attributes) are untouched since the last call (Dynamo's "
               "use_recursive_dict_tags_for_guards; it already does so for a dictionary's own tensors). A "
               "process-wide Dynamo setting, applied while this plan's model is called and restored after.")
+    precompile: bool = option(
+        False, "dynamo only: store each capture (Dynamo's transformed code and its guards, through torch's "
+               "ahead-of-time compile) in the compile cache beside its compiled graph, so a later process's "
+               "first call checks the stored guards instead of tracing the model (passes/stored_capture.py). "
+               "Whole graphs of inference calls with static sizes only; other calls, and models that break "
+               "the graph, go through Dynamo as usual, with the reason in the runtime's notes. Guards on "
+               "module-level globals the model reads are not stored (as torch's aot_compile).")
 
 
 class Capture(CapturePass):
@@ -184,6 +191,14 @@ class Capture(CapturePass):
             context.expose("direct_calls", direct)
 
         mark = _dim_marker(fn, opts.dynamic_dims) if opts.dynamic_dims else None
+        stored = None
+        if opts.precompile and not opts.regions and not sharded:
+            from .stored_capture import StoredCaptures
+            stored = StoredCaptures(fn, context, dynamic=opts.dynamic,
+                                    limit=opts.recompile_limit + context.planned_variants,
+                                    settings=lambda: settings[torch.is_grad_enabled()], backend=backend,
+                                    stance=opts.stance)
+            context.expose("stored_captures", stored)
 
         def call(args: tuple, kwargs: dict) -> Any:
             hits = compat.recompile_limit_hit_count()
@@ -226,6 +241,12 @@ class Capture(CapturePass):
         data_dependent = {False: opts.data_dependent, True: opts.data_dependent}
 
         def run(*args: Any, **kwargs: Any) -> Any:
+            if stored is not None:
+                if mark is not None:
+                    mark(args, kwargs)
+                out = stored(args, kwargs)
+                if out is not compat.MISS:
+                    return out
             if direct is not None:
                 out = direct(args, kwargs)
                 if out is not compat.MISS:

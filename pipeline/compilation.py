@@ -19,6 +19,7 @@ import torch.fx
 
 from pipeline import compat
 from pipeline.errors import ExpectationError, PassFailure, PipelineError
+from pipeline.cache import plan_material
 from pipeline.cache.graphs import GraphCache
 from pipeline.graph_pass import CaptureContext, Fuel, JointGraph, PassContext
 from pipeline.instruments import GraphSources, PassTimer, Snapshots, SourceDump, copy_graph
@@ -61,6 +62,7 @@ class Compilation:
         self.warmup: dict | None = None   # what warm-up of the plan's shape buckets did (pipeline.serving)
         self.serving: Any = None          # the BucketedRunner when the plan declares shapes
         self.runtime: dict[str, Any] = {}  # live objects the capture pass exposes (CaptureContext.expose)
+        self.stored_keys: dict[str, str] = {}   # graph id -> its compile-cache key, when its entry is stored
         self.compile_seconds = 0.0
         self.fuel = fuel
         self.cache = GraphCache(plan)
@@ -177,6 +179,7 @@ class Compilation:
             target=context.target, graph_id=graph_id, bypass=self.cache_bypass(), context=context)
         record.cache = probe.summary()
         if cached is not None:
+            self.stored_keys[graph_id] = probe.key
             context.notes.extend(recorded.get("notes", []))
             context.tags = set(recorded.get("tags", []))
             context.notes.append({"pass": None, "topic": "cache", "message":
@@ -215,6 +218,8 @@ class Compilation:
             def store() -> None:
                 self.cache.store(probe, final, target=context.target, record=entry)
                 record.cache = probe.summary()
+                if probe.stored:
+                    self.stored_keys[graph_id] = probe.key
                 if probe.status != "off":
                     context.notes.append({"pass": None, "topic": "cache", "message":
                                           f"cache {probe.status}{' (stored)' if probe.stored else ''}: "
@@ -240,6 +245,42 @@ class Compilation:
         return FirstCallVerifier(original=original, steps=steps, compiled=final.forward, record=record,
                                  plugins=plugins, on_error=plan.on_error, plan=plan, tags=tags,
                                  target=context.target, on_verified=store)
+
+    def capture_material(self, target: str) -> tuple[dict | None, str | None]:
+        """What the key of a stored capture hashes about this plan (what a compile-cache key hashes
+        but the graph: the plan, its inference passes and the machine), or (None, why there is none)."""
+        if not self.cache.enabled:
+            return None, "plan cache.enabled is false or PIPELINE_CACHE_GRAPHS=0"
+        passes, _ = self._role_passes("inference")
+        return plan_material(self.plan, [self.capture, *passes], target)
+
+    def rebuild_graph(self, key: str, target: str) -> Callable:
+        """The compiled graph of compile-cache entry ``key``, rebuilt without a captured graph and
+        without running a pass (a capture pass that stored its capture finds graphs this way).
+        Raises ``LookupError`` with the cache's reason when the entry cannot be rebuilt."""
+        start = time.perf_counter()
+        graph_id = f"g{self._graph_count()}"
+        record = GraphRecord(graph_id=graph_id, role="inference", nodes_in=0, metrics=defaults(self.registry.metrics))
+        context = PassContext(graph_id=graph_id, target=target, example_inputs=[], cache=self.plan.cache,
+                              role="inference", tags=self.capture_tags(), fuel=self.fuel, record=record)
+        with compat.compile_lock():
+            probe, final, recorded = self.cache.load(key, graph_id=graph_id, context=context)
+        if final is None:
+            raise LookupError(probe.reason)
+        self.version += 1
+        self.graphs.append(record)
+        self.stored_keys[graph_id] = key
+        record.cache = probe.summary()
+        context.notes.extend(recorded.get("notes", []))
+        context.notes.append({"pass": None, "topic": "cache", "message": f"rebuilt for a stored capture from "
+                              f"{probe.reason} in {probe.seconds * 1e3:.1f} ms: nothing traced, no pass ran"})
+        record.notes, record.tags = context.notes, sorted(recorded.get("tags", []))
+        record.final_code = final.code
+        record.metrics = measure_all(self.registry.metrics, final, context)
+        record.seconds = time.perf_counter() - start
+        self.compile_seconds += record.seconds
+        _log_graph(record, self.registry.metrics)
+        return final.forward
 
     def cache_bypass(self) -> str | None:
         """Why this compile must run the passes even when the cache holds the graph (debugging modes

@@ -339,3 +339,23 @@ def test_a_runner_rebuilt_from_the_cache_records_and_replays(tmp_path, monkeypat
     record = compilation_of(second).graphs[0]
     assert record.cache["status"] == "hit" and record.cudagraphs
     assert not [n for n in cudagraph_notes(second) if n.startswith(("not recorded", "a call ran without"))]
+
+
+@needs_cuda
+def test_a_stored_capture_of_a_cudagraphs_plan_records_and_replays_without_tracing(tmp_path, monkeypatch):
+    monkeypatch.delenv("PIPELINE_CACHE_GRAPHS", raising=False)
+    overrides = {"cache": {"dir": str(tmp_path)}, "options": {"capture": {"precompile": True}}}
+    model, x = mlp().cuda(), torch.randn(8, 32, device="cuda")
+    with torch.no_grad():
+        first = compile_with_plan(model, "reduce-overhead", **overrides)
+        first(x)
+        second = compile_with_plan(model, "reduce-overhead", **overrides)
+        for _ in range(3):
+            y = torch.randn(8, 32, device="cuda")
+            assert compare(model(y), second(y)) is None
+    compilation = compilation_of(second)
+    assert compilation.captures == []      # nothing traced
+    assert compilation.runtime["stored_captures"].counts()["stored_capture_hits"] == 3
+    record = compilation.graphs[0]
+    assert record.cache["status"] == "hit" and record.cudagraphs
+    assert not [n for n in cudagraph_notes(second) if n.startswith(("not recorded", "a call ran without"))]

@@ -217,11 +217,10 @@ def _tensor_digest(t: torch.Tensor) -> str:
     return hashlib.sha256(head + body).hexdigest()[:32]
 
 
-def key_material(gm: torch.fx.GraphModule, example_inputs: list, *, plan: Any, passes: list, role: str,
-                 target: str) -> tuple[dict | None, str | None]:
-    """(everything the key of this graph hashes, None) or (None, why it cannot be cached).
-
-    ``passes`` are the plan's bound passes (capture first), with ``instance`` and ``plugin``."""
+def plan_material(plan: Any, passes: list, target: str) -> tuple[dict | None, str | None]:
+    """(what a key hashes about the plan, its passes and the machine, None) or (None, why the plan
+    cannot be cached). ``passes`` are the plan's bound passes (capture first), with ``instance``
+    and ``plugin``."""
     for bound in passes:
         cls = type(bound.instance)
         if not isinstance(cls.version, str) or not cls.version.strip():
@@ -229,14 +228,8 @@ def key_material(gm: torch.fx.GraphModule, example_inputs: list, *, plan: Any, p
                           "told apart from an older one: the plan is uncacheable")
     plan_data = dict(plan.to_data())
     plan_data.pop("cache", None)
-    graph, _ = graph_material(gm)
-    material = {
+    return {
         "format": ENTRY_FORMAT,
-        "graph": graph,
-        "inputs": [_backward_input(input_metadata(v)) if role == "backward" else input_metadata(v)
-                   for v in example_inputs],
-        "shapes": compat.shape_facts(example_inputs),
-        "role": role,
         "target": target,
         "plan": plan_data,
         "passes": [{"name": type(b.instance).name, "version": type(b.instance).version,
@@ -245,7 +238,25 @@ def key_material(gm: torch.fx.GraphModule, example_inputs: list, *, plan: Any, p
                     "material": b.instance.cache_material()} for b in passes],
         "code": code_fingerprint([b.instance for b in passes]),
         "environment": environment(target),
-    }
+    }, None
+
+
+def key_material(gm: torch.fx.GraphModule, example_inputs: list, *, plan: Any, passes: list, role: str,
+                 target: str) -> tuple[dict | None, str | None]:
+    """(everything the key of this graph hashes, None) or (None, why it cannot be cached).
+
+    ``passes`` are the plan's bound passes (capture first), with ``instance`` and ``plugin``."""
+    material, reason = plan_material(plan, passes, target)
+    if material is None:
+        return None, reason
+    graph, _ = graph_material(gm)
+    material.update({
+        "graph": graph,
+        "inputs": [_backward_input(input_metadata(v)) if role == "backward" else input_metadata(v)
+                   for v in example_inputs],
+        "shapes": compat.shape_facts(example_inputs),
+        "role": role,
+    })
     index = single_cuda_index([material["graph"], material["inputs"]])
     if index is not None:   # one GPU: keyed on "cuda", so every rank of a host finds the entry
         material["graph"], material["inputs"] = relocate_cuda([material["graph"], material["inputs"]], index, None)
@@ -405,6 +416,6 @@ def file_digest(path: Path) -> str:
 
 
 __all__ = ["cache_root", "graphs_enabled", "cpu_isa", "environment", "code_fingerprint", "code_fingerprint_of",
-           "key_material",
+           "key_material", "plan_material",
            "digest", "entry_path", "write_entry", "read_entry", "read_header", "atomic_write",
            "file_digest", "CorruptEntry", "ENV_DIR", "ENV_GRAPHS"]

@@ -89,6 +89,18 @@ class GraphCache:
         index = self._cuda_index[key] = material.get("cuda_index")
         if bypass:
             return Probe("bypassed", key, reason=bypass, seconds=time.perf_counter() - start), None, {}
+        return self._read(key, index, graph_id, context, example_inputs, start)
+
+    def load(self, key: str, *, graph_id: str, context: Any = None) -> tuple[Probe, torch.fx.GraphModule | None, dict]:
+        """The entry of ``key`` rebuilt (a graph found without its captured graph, by a stored
+        capture): (probe, final graph or None, what the entry recorded about the compile)."""
+        if not self.enabled:
+            return Probe("off", reason="plan cache.enabled is false or PIPELINE_CACHE_GRAPHS=0"), None, {}
+        with compat.real_tensors():
+            return self._read(key, None, graph_id, context, None, time.perf_counter())
+
+    def _read(self, key: str, index: int | None, graph_id: str, context: Any, example_inputs: list | None,
+              start: float) -> tuple[Probe, torch.fx.GraphModule | None, dict]:
         path = entry_path(self.root, key)
         if not path.exists():
             probe = Probe("miss", key, reason="no entry", seconds=time.perf_counter() - start)
@@ -113,12 +125,13 @@ class GraphCache:
                               path, type(exc).__name__, exc)
             return Probe("miss", key, reason=f"entry could not be rebuilt: {type(exc).__name__}: {exc}",
                          seconds=time.perf_counter() - start), None, {}
-        broken = compat.replay_shape_guards(example_inputs, meta.get("record", {}).get("shape_guards", []))
-        if broken is not None:
-            self._log.info("%s: cache entry %s assumes %s, which these sizes break: compiling", graph_id,
-                           key[:16], broken)
-            return Probe("miss", key, reason=f"the entry assumes {broken}, which these sizes break",
-                         seconds=time.perf_counter() - start), None, {}
+        if example_inputs is not None:
+            broken = compat.replay_shape_guards(example_inputs, meta.get("record", {}).get("shape_guards", []))
+            if broken is not None:
+                self._log.info("%s: cache entry %s assumes %s, which these sizes break: compiling", graph_id,
+                               key[:16], broken)
+                return Probe("miss", key, reason=f"the entry assumes {broken}, which these sizes break",
+                             seconds=time.perf_counter() - start), None, {}
         self.keys.append(key)
         probe = Probe("hit", key, reason=str(path), seconds=time.perf_counter() - start)
         self._log.info("%s: cache hit (%s), rebuilt in %.1f ms without running passes", graph_id, key[:16],

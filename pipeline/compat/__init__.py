@@ -2,7 +2,9 @@
 decomposition tables). Tested on torch 2.11 (GPU machine) and 2.13 (CPU machines); the next torch
 release should be a change to this package alone: this file, :mod:`pipeline.compat.dynamo` (the
 Dynamo settings part), :mod:`pipeline.compat.tracing` (fake tensors and re-tracing) and
-:mod:`pipeline.compat.shapes`, whose public names it re-exports."""
+:mod:`pipeline.compat.shapes`, whose public names it re-exports, and
+:mod:`pipeline.compat.precompile` (captures stored through torch's ahead-of-time compile), which
+callers import by name."""
 from __future__ import annotations
 
 import contextlib

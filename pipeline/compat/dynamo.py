@@ -335,6 +335,24 @@ def _without_disable(fn: Callable) -> Callable:
     return fn
 
 
+def unwrapped_function(code: Any, f_globals: dict, name: str, closure: tuple | None,
+                       defaults: tuple = (None, None)) -> Callable:
+    """Dynamo's transformed ``code`` (one compiled graph, no resume functions) as a plain function
+    to run with no frame hook installed. Dynamo wraps the compiled graph in ``disable`` (its
+    frame hook off while the graph runs: three hook swaps a call); here the code gets a copy of
+    the globals in which that name is the graph itself, and the profiler-range markers around
+    the graph call are unwrapped the same way."""
+    namespace = dict(f_globals)
+    for compiled in (n for n in code.co_names if n.startswith("__compiled_fn")):
+        namespace[compiled] = _without_disable(namespace[compiled])
+    for used in code.co_names:
+        if used in namespace and getattr(namespace[used], "__name__", "") == "torch._dynamo.utils":
+            namespace[used] = _UtilsWithoutDisable(namespace[used])
+    runnable = types.FunctionType(code, namespace, name, defaults[0], closure)
+    runnable.__kwdefaults__ = defaults[1]
+    return runnable
+
+
 class _UtilsWithoutDisable:
     """``torch._dynamo.utils`` as the transformed code of a direct call reads it: its
     ``record_pregraph_bytecode_enter/exit`` (a profiler range around the graph call) and the size
@@ -431,17 +449,8 @@ class DirectCall:
         compiled = [name for name in code.co_names if name.startswith("__compiled_fn")]
         if (code.co_freevars == self._code.co_freevars and len(compiled) == 1
                 and not any(name.startswith("__resume_at") for name in code.co_names)):
-            # Dynamo wraps the compiled graph in ``disable`` (its frame hook off while the graph
-            # runs: three hook swaps a call). A direct call runs with no hook installed, so the
-            # code gets a copy of the globals in which that name is the graph itself.
-            namespace = dict(self._globals)
-            namespace[compiled[0]] = _without_disable(namespace[compiled[0]])
-            for name in code.co_names:       # the profiler-range markers around the graph call
-                if name in namespace and getattr(namespace[name], "__name__", "") == "torch._dynamo.utils":
-                    namespace[name] = _UtilsWithoutDisable(namespace[name])
-            runnable = types.FunctionType(code, namespace, self._code.co_name, self._defaults[0],
-                                          self._closure or None)
-            runnable.__kwdefaults__ = self._defaults[1]
+            runnable = unwrapped_function(code, self._globals, self._code.co_name, self._closure or None,
+                                          self._defaults)
         self._runnable[code] = runnable
         return runnable
 

@@ -1,0 +1,232 @@
+"""``capture.precompile``: Dynamo's capture of a model stored beside its compiled graphs, so that
+a later process with the cache kept runs its first call without tracing the model again.
+
+Each capture is a full-graph trace through torch's ahead-of-time compile
+(:mod:`pipeline.compat.precompile`): the transformed bytecode, its guards, and the compile-cache
+key of the graph it calls. Entries are kept per function and plan (the key hashes the model's
+class and ``forward``, the plan, its passes and the machine, as a compiled graph's key does);
+a call checks the guards of each entry in turn and runs the first that passes. With none
+passing, the call is traced (and stored) as a new entry, up to the recompile limit.
+
+Calls this does not serve go through Dynamo as usual (the capture pass's normal path), with the
+reason kept in :attr:`StoredCaptures.notes`: calls that need gradients (training graphs go
+through AOTAutograd), a model that breaks the graph (a stored capture is one whole graph),
+stances that change hits (``force_eager``, the ``*_then_compile`` ones), and calls past the
+recompile limit. Under ``eager_on_recompile`` and ``fail_on_recompile`` stored entries serve
+their hits, and a miss runs eagerly or raises :class:`~pipeline.RecompileError` naming the
+guards that failed, as Dynamo would."""
+from __future__ import annotations
+
+import hashlib
+import pickle
+from typing import Any, Callable
+
+import torch
+
+from pipeline import compat
+from pipeline.cache.captures import CaptureStore
+from pipeline.compat import precompile
+from pipeline.errors import RecompileError
+from pipeline.logs import get_logger
+
+
+class _Graph:
+    """The compiled graph a stored capture's code calls; rebuilt from the compile cache the first
+    time the capture's guards pass."""
+
+    def __init__(self, token: bytes):
+        self.token = token
+        self.fn: Callable | None = None
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+
+class StoredCaptures:
+    """The stored captures of one compiled function (module docstring); ``counts()`` appear in
+    the compile report under ``calls``."""
+
+    def __init__(self, target: Callable, context: Any, *, dynamic: bool | None, limit: int,
+                 settings: Callable[[], Any], backend: Callable, stance: str = "default"):
+        self.target = target
+        self.context = context
+        self.compilation = context.compilation
+        self.dynamic = dynamic
+        self.limit = limit
+        self.settings = settings      # the Dynamo settings of the current grad mode (a context manager)
+        self.backend = backend        # the capture pass's backend: (gm, example inputs) -> compiled graph
+        self.stance = stance          # the plan's capture.stance
+        self.store = CaptureStore(context.plan.cache.dir)
+        self.call = _caller(target)
+        self.disabled: str | None = precompile.untraceable(self.call)
+        if stance not in compat.DIRECT_STANCES:
+            self.disabled = f"capture.stance {stance}: calls go through Dynamo"
+        self.entries: list[tuple[Any, _Graph | None]] | None = None
+        self.key: str | None = None
+        self.notes: list[str] = []
+        self.loaded = self.traced = self.stored = self.hits = self.misses = 0
+        self._log = get_logger("cache")
+
+    def counts(self) -> dict[str, int]:
+        return {"stored_capture_hits": self.hits, "stored_captures_loaded": self.loaded,
+                "captures_traced_for_storing": self.traced, "captures_stored": self.stored,
+                "not_served_by_stored_captures": self.misses}
+
+    def note(self, message: str) -> None:
+        if message not in self.notes:
+            self.notes.append(message)
+            self._log.info("capture.precompile: %s", message)
+
+    # -- one call ------------------------------------------------------------------------------------
+    def __call__(self, args: tuple, kwargs: dict) -> Any:
+        """The call's result, or :data:`compat.MISS` for the capture pass's normal path."""
+        reason = self._declined(args, kwargs)
+        if reason is not None:
+            self.misses += 1
+            self.note(reason)
+            return compat.MISS
+        if self.entries is None:
+            self._load(args, kwargs)
+        for entry in list(self.entries):
+            capture, graph = entry
+            if not capture.check(args, kwargs):
+                continue
+            if graph is not None and graph.fn is None and not self._rebuild(entry):
+                continue
+            self.hits += 1
+            return capture.run(args, kwargs)
+        stance = compat.current_stance()
+        if stance == "default" and self.stance != "default":
+            stance = self.stance
+        if stance == "eager_on_recompile" and self.entries:
+            self.misses += 1
+            return self.target(*args, **kwargs)
+        if stance == "fail_on_recompile" and self.entries:
+            failed = "; ".join(capture.why(args, kwargs) for capture, _ in self.entries[:3])
+            raise RecompileError(f"stance fail_on_recompile: this call needs a new compiled variant (no stored "
+                                 f"capture's guards pass: {failed})")
+        if self.traced >= self.limit:
+            self.misses += 1
+            self.note(f"{self.traced} captures traced in this process (the recompile limit): later variants "
+                      f"go through Dynamo")
+            return compat.MISS
+        return self._trace(args, kwargs)
+
+    def _declined(self, args: tuple, kwargs: dict) -> str | None:
+        if self.disabled is not None:
+            return self.disabled
+        if compat.current_stance() not in compat.DIRECT_STANCES:
+            return f"stance {compat.current_stance()}: calls go through Dynamo"
+        if torch.is_grad_enabled() and _needs_grad(self.target, args, kwargs):
+            return "calls that need gradients (training graphs) are not stored: they go through Dynamo"
+        return None
+
+    # -- entries -------------------------------------------------------------------------------------
+    def _material(self, args: tuple, kwargs: dict) -> str | None:
+        target = self.compilation.target_for([v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)])
+        material, reason = self.compilation.capture_material(target)
+        if material is None:
+            self.disabled = f"captures are not stored: {reason}"
+            return None
+        traced = self.target.forward if isinstance(self.target, torch.nn.Module) else self.target
+        code = getattr(traced, "__code__", None)
+        material["function"] = {
+            "class": f"{type(self.target).__module__}.{type(self.target).__qualname__}",
+            "qualname": getattr(traced, "__qualname__", None), "module": getattr(traced, "__module__", None),
+            "code": hashlib.sha256(code.co_code).hexdigest() if code is not None else None,
+        }
+        material["dynamic"] = self.dynamic
+        return self.store.key(material)
+
+    def _load(self, args: tuple, kwargs: dict) -> None:
+        self.entries = []
+        self.key = self._material(args, kwargs)
+        if self.key is None:
+            return
+        for name, data in self.store.entries(self.key):
+            try:
+                graph_slot: list[_Graph] = []
+
+                def rebuild(token: bytes, slot: list = graph_slot) -> _Graph:
+                    slot.append(_Graph(token))
+                    return slot[-1]
+
+                capture = precompile.load(data, self.call, rebuild)
+            except Exception as exc:  # noqa: BLE001 - an entry that does not load is traced again
+                self.note(f"stored capture {name} not used: {type(exc).__name__}: {str(exc)[:300]}")
+                continue
+            self.entries.append((capture, graph_slot[0] if graph_slot else None))
+            self.loaded += 1
+
+    def _rebuild(self, entry: tuple) -> bool:
+        capture, graph = entry
+        token = pickle.loads(graph.token)
+        try:
+            graph.fn = self.compilation.rebuild_graph(token["key"], token["target"])
+        except LookupError as exc:
+            self.note(f"a stored capture's graph is no longer in the compile cache ({exc}): traced again")
+            self.entries.remove(entry)
+            return False
+        return True
+
+    def _trace(self, args: tuple, kwargs: dict) -> Any:
+        compilation = self.compilation
+        storable: list[bool] = []
+
+        def backend(gm: torch.fx.GraphModule, example_inputs: list) -> tuple[Callable, bytes | None]:
+            fn = self.backend(gm, example_inputs)
+            graph_id = compilation.graphs[-1].graph_id if compilation.graphs else None
+            key = compilation.stored_keys.get(graph_id)
+            storable.append(False)
+            if _symbolic(example_inputs):
+                self.note("captures with symbolic sizes are not stored")
+                return fn, None
+            if key is None:
+                self.note(f"graph {graph_id} is not in the compile cache ({compilation.graphs[-1].cache.get('reason')}), "
+                          f"so its capture is not stored")
+                return fn, None
+            storable[-1] = True
+            return fn, pickle.dumps({"key": key, "target": compilation.target_for(example_inputs)})
+
+        try:
+            with self.settings():
+                capture = precompile.capture(self.call, args, kwargs, backend, dynamic=self.dynamic)
+        except Exception as exc:  # noqa: BLE001 - the normal path captures it again (and raises its errors)
+            kind = ("cannot be captured as one stored graph" if isinstance(exc, precompile.unsupported_capture_errors())
+                    else "failed to be captured for storing")
+            first = str(exc).splitlines()[0][:300] if str(exc) else ""
+            self.disabled = f"the model {kind} ({type(exc).__name__}: {first}): calls go through Dynamo"
+            self.misses += 1
+            self.note(self.disabled)
+            return compat.MISS
+        self.traced += 1
+        self.entries.append((capture, None))
+        if self.key is not None and storable and all(storable):
+            try:
+                self.store.add(self.key, capture.to_bytes())
+                self.stored += 1
+            except Exception as exc:  # noqa: BLE001 - not storing never fails the call
+                self.note(f"capture not stored: {type(exc).__name__}: {str(exc)[:300]}")
+        return capture.run(args, kwargs)
+
+
+def _caller(target: Callable) -> Callable:
+    """What is traced and stored: a call of ``target`` (a module: with its hooks, as a call of the
+    module runs them) whose closure, ``target`` itself, a loading process supplies."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return target(*args, **kwargs)
+    return call
+
+
+def _symbolic(example_inputs: list) -> bool:
+    return any(isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and any(not isinstance(s, int) for s in v.shape))
+               for v in example_inputs)
+
+
+def _needs_grad(target: Callable, args: tuple, kwargs: dict) -> bool:
+    if any(isinstance(v, torch.Tensor) and v.requires_grad for v in (*args, *kwargs.values())):
+        return True
+    return isinstance(target, torch.nn.Module) and any(p.requires_grad for p in target.parameters())
+
+
+__all__ = ["StoredCaptures"]

@@ -1,0 +1,208 @@
+"""capture.precompile: a stored capture (Dynamo's code and guards) lets a later compile or process
+run its first call without tracing the model; its guards still decide which entry runs."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline import compilation_of, compile_with_plan
+from pipeline.compat import precompile
+
+pytestmark = pytest.mark.skipif(not precompile.available(), reason="this torch has no ahead-of-time compile")
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def graph_cache_on(monkeypatch):
+    monkeypatch.delenv("PIPELINE_CACHE_GRAPHS", raising=False)
+    monkeypatch.delenv("PIPELINE_DUMP_DIR", raising=False)
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self, width: int = 32, scale: float = 2.0) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(width, width)
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(self.linear(x)) * self.scale + x.softmax(-1)
+
+
+def compiled_call(folder: Path, model: torch.nn.Module, x: torch.Tensor, **options):
+    compiled = compile_with_plan(model, "default", cache={"dir": str(folder)},
+                                 options={"capture": {"precompile": True, **options}})
+    with torch.no_grad():
+        out = compiled(x)
+        expected = model(x)
+    torch.testing.assert_close(out, expected)
+    compilation = compilation_of(compiled)
+    return compiled, compilation, compilation.runtime["stored_captures"]
+
+
+def test_a_stored_capture_serves_a_later_compile_without_tracing(tmp_path):
+    torch.manual_seed(0)
+    model = Scaled().eval()
+    x = torch.randn(8, 32)
+    _, first, stored = compiled_call(tmp_path, model, x)
+    assert stored.counts()["captures_stored"] == 1
+    assert len(first.captures) == 1        # Dynamo traced it
+    _, second, stored = compiled_call(tmp_path, model, torch.randn(8, 32))
+    counts = stored.counts()
+    assert counts["stored_captures_loaded"] == 1 and counts["stored_capture_hits"] == 1
+    assert counts["captures_traced_for_storing"] == 0
+    assert second.captures == []           # nothing traced: the backend never ran
+    graph = second.graphs[0]
+    assert graph.cache["status"] == "hit"
+    assert any("stored capture" in n["message"] for n in graph.notes)
+    assert graph.kernels >= 1
+
+
+def test_a_call_no_stored_entry_passes_is_traced_and_stored_beside_the_others(tmp_path):
+    torch.manual_seed(0)
+    model = Scaled().eval()
+    compiled_call(tmp_path, model, torch.randn(8, 32), dynamic=False)
+    _, _, stored = compiled_call(tmp_path, model, torch.randn(4, 32), dynamic=False)
+    assert stored.counts()["stored_captures_loaded"] == 1
+    assert stored.counts()["captures_traced_for_storing"] == 1     # (8, 32) guards fail for (4, 32)
+    compiled, _, stored = compiled_call(tmp_path, model, torch.randn(8, 32), dynamic=False)
+    with torch.no_grad():
+        x = torch.randn(4, 32)
+        torch.testing.assert_close(compiled(x), model(x))
+    assert stored.counts()["stored_captures_loaded"] == 2
+    assert stored.counts()["stored_capture_hits"] == 2
+    assert stored.counts()["captures_traced_for_storing"] == 0
+
+
+def test_guards_on_module_attributes_and_weights_are_checked_on_stored_entries(tmp_path):
+    torch.manual_seed(0)
+    x = torch.randn(8, 32)
+    compiled_call(tmp_path, Scaled(scale=2.0).eval(), x)
+    _, _, stored = compiled_call(tmp_path, Scaled(scale=3.0).eval(), x)    # a float attribute: specialized
+    assert stored.counts()["stored_capture_hits"] == 0
+    assert stored.counts()["captures_traced_for_storing"] == 1
+    _, _, stored = compiled_call(tmp_path, Scaled(width=16).eval(), torch.randn(8, 16))
+    assert stored.counts()["stored_capture_hits"] == 0
+
+
+def test_a_model_that_breaks_the_graph_goes_through_dynamo_with_the_reason(tmp_path):
+    class Breaks(torch.nn.Module):
+        def forward(self, x):
+            y = x.sin()
+            torch._dynamo.graph_break()
+            return y.cos()
+
+    model = Breaks()
+    x = torch.randn(4, 4)
+    compiled, compilation, stored = compiled_call(tmp_path, model, x)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+    assert stored.disabled is not None and "one stored graph" in stored.disabled
+    assert len(compilation.graph_breaks) >= 1
+    assert stored.counts()["not_served_by_stored_captures"] == 2
+
+
+def test_calls_that_need_gradients_go_through_dynamo(tmp_path):
+    torch.manual_seed(0)
+    model = Scaled()
+    compiled = compile_with_plan(model, "default", cache={"dir": str(tmp_path)},
+                                 options={"capture": {"precompile": True}})
+    x = torch.randn(8, 32)
+    compiled(x).sum().backward()
+    stored = compilation_of(compiled).runtime["stored_captures"]
+    assert stored.counts()["captures_traced_for_storing"] == 0
+    assert any("gradients" in note for note in stored.notes)
+
+
+MODULE = '''
+import functools
+import torch
+
+
+def helper(x):
+    return x * {factor}
+
+
+def wrapped(forward):
+    @functools.wraps(forward)
+    def wrapper(self, *args, **kwargs):
+        return forward(self, *args, **kwargs)
+    return wrapper
+
+
+class Decorated(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 16)
+
+    @wrapped
+    def forward(self, x):
+        return helper(torch.relu(self.linear(x)))
+'''
+
+SCRIPT = '''
+import json, sys, time
+import torch
+sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, sys.argv[2])
+import stored_model
+from pipeline import compilation_of, compile_with_plan
+torch.manual_seed(0)
+model = stored_model.Decorated().eval()
+x = torch.randn(4, 16)
+compiled = compile_with_plan(model, "default", cache={"dir": sys.argv[3]}, options={"capture": {"precompile": True}})
+with torch.no_grad():
+    out = compiled(x)
+    ok = torch.allclose(out, model(x), atol=1e-5, rtol=1e-5)
+stored = compilation_of(compiled).runtime["stored_captures"]
+print(json.dumps({"ok": ok, "counts": stored.counts(), "notes": stored.notes}))
+'''
+
+
+def _run(folder: Path, cache: Path) -> dict:
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    env.pop("PIPELINE_CACHE_GRAPHS", None)
+    done = subprocess.run([sys.executable, str(folder / "script.py"), str(folder), str(ROOT), str(cache)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_second_process_runs_a_decorated_forward_from_its_stored_capture_until_its_code_changes(tmp_path):
+    """The traced function's closure (the wrapped forward) comes from the loading process, and a
+    change in a function the capture inlined makes the entry unusable."""
+    (tmp_path / "stored_model.py").write_text(textwrap.dedent(MODULE.format(factor=2)))
+    (tmp_path / "script.py").write_text(SCRIPT)
+    cache = tmp_path / "cache"
+    first = _run(tmp_path, cache)
+    assert first["ok"] and first["counts"]["captures_stored"] == 1, first
+    second = _run(tmp_path, cache)
+    assert second["ok"], second
+    assert second["counts"]["stored_capture_hits"] == 1 and second["counts"]["captures_traced_for_storing"] == 0
+    (tmp_path / "stored_model.py").write_text(textwrap.dedent(MODULE.format(factor=3)))
+    third = _run(tmp_path, cache)
+    assert third["ok"], third
+    assert third["counts"]["stored_capture_hits"] == 0 and third["counts"]["captures_traced_for_storing"] == 1
+    assert any("changed" in note for note in third["notes"]), third["notes"]
+
+
+def test_under_fail_on_recompile_stored_entries_serve_hits_and_a_miss_names_the_failed_guard(tmp_path):
+    from pipeline import RecompileError, stance
+    torch.manual_seed(0)
+    model = Scaled().eval()
+    compiled_call(tmp_path, model, torch.randn(8, 32), dynamic=False)
+    compiled = compile_with_plan(model, "default", cache={"dir": str(tmp_path)},
+                                 options={"capture": {"precompile": True, "dynamic": False}})
+    with torch.no_grad(), stance("fail_on_recompile"):
+        x = torch.randn(8, 32)
+        torch.testing.assert_close(compiled(x), model(x))
+        with pytest.raises(RecompileError, match="size|shape|8"):
+            compiled(torch.randn(4, 32))
+    assert compilation_of(compiled).runtime["stored_captures"].counts()["stored_capture_hits"] == 1
