@@ -190,9 +190,9 @@ def capture(fn: Callable, args: tuple, kwargs: dict, backend: Callable, *,
     if not (code.co_argcount == 0 and code.co_kwonlyargcount == 0 and code.co_flags & inspect.CO_VARARGS
             and code.co_flags & inspect.CO_VARKEYWORDS):
         raise TypeError("capture() takes a function of the form f(*args, **kwargs)")
-    compiled_fn = torch.compile(fn, fullgraph=True, backend=stored_backend, dynamic=dynamic,
-                                options={"guard_filter_fn": _serializable_guards})
-    with torch._dynamo.config.patch(enable_aot_compile=True):
+    with torch._dynamo.config.patch(enable_aot_compile=True):    # read by torch.compile itself on torch 2.11
+        compiled_fn = torch.compile(fn, fullgraph=True, backend=stored_backend, dynamic=dynamic,
+                                    options={"guard_filter_fn": _serializable_guards})
         compiled = compiled_fn.aot_compile((args, kwargs))
     if compiled._artifacts.original_code is not fn.__code__:
         raise ValueError("torch traced a wrapper around the function, whose closure cannot be given back")
