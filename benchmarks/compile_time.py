@@ -113,6 +113,7 @@ def child(workload: str, mode: str, cache: str) -> dict:
         stored = compilation.runtime.get("stored_captures")
         if stored is not None:
             result["stored_captures"] = stored.counts()
+            result["stored_capture_load_s"] = round(stored.load_seconds, 3)
             result["stored_capture_notes"] = stored.notes
     return result
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+import time
 from typing import Any, Callable
 
 import torch
@@ -65,6 +66,7 @@ class StoredCaptures:
         self.key: str | None = None
         self.notes: list[str] = []
         self.loaded = self.traced = self.stored = self.hits = self.misses = 0
+        self.load_seconds = 0.0      # reading and checking stored entries, rebuilding their graphs
         self._log = get_logger("cache")
 
     def counts(self) -> dict[str, int]:
@@ -86,13 +88,19 @@ class StoredCaptures:
             self.note(reason)
             return compat.MISS
         if self.entries is None:
+            start = time.perf_counter()
             self._load(args, kwargs)
+            self.load_seconds += time.perf_counter() - start
         for entry in list(self.entries):
             capture, graph = entry
             if not capture.check(args, kwargs):
                 continue
-            if graph is not None and graph.fn is None and not self._rebuild(entry):
-                continue
+            if graph is not None and graph.fn is None:
+                start = time.perf_counter()
+                rebuilt = self._rebuild(entry)
+                self.load_seconds += time.perf_counter() - start
+                if not rebuilt:
+                    continue
             self.hits += 1
             return capture.run(args, kwargs)
         stance = compat.current_stance()

@@ -274,7 +274,8 @@ class Compilation:
         context.notes.extend(recorded.get("notes", []))
         context.notes.append({"pass": None, "topic": "cache", "message": f"rebuilt for a stored capture from "
                               f"{probe.reason} in {probe.seconds * 1e3:.1f} ms: nothing traced, no pass ran"})
-        record.notes, record.tags = context.notes, sorted(recorded.get("tags", []))
+        context.tags = set(recorded.get("tags", []))
+        record.notes, record.tags = context.notes, sorted(context.tags)
         record.final_code = final.code
         record.metrics = measure_all(self.registry.metrics, final, context)
         record.seconds = time.perf_counter() - start
