@@ -64,6 +64,7 @@ class StoredCaptures:
             self.disabled = f"capture.stance {stance}: calls go through Dynamo"
         self.entries: list[tuple[Any, _Graph | None]] | None = None
         self.key: str | None = None
+        self.last: tuple | None = None      # the entry the previous hit ran (checked first)
         self.notes: list[str] = []
         self.loaded = self.traced = self.stored = self.hits = self.misses = 0
         self.load_seconds = 0.0      # reading and checking stored entries, rebuilding their graphs
@@ -91,9 +92,13 @@ class StoredCaptures:
             start = time.perf_counter()
             self._load(args, kwargs)
             self.load_seconds += time.perf_counter() - start
+        last = self.last
+        if last is not None and last[0].check(args, kwargs):     # a repeated shape: the entry it ran last
+            self.hits += 1
+            return last[0].run(args, kwargs)
         for entry in list(self.entries):
             capture, graph = entry
-            if not capture.check(args, kwargs):
+            if entry is last or not capture.check(args, kwargs):
                 continue
             if graph is not None and graph.fn is None:
                 start = time.perf_counter()
@@ -102,6 +107,7 @@ class StoredCaptures:
                 if not rebuilt:
                     continue
             self.hits += 1
+            self.last = entry
             return capture.run(args, kwargs)
         stance = compat.current_stance()
         if stance == "default" and self.stance != "default":
@@ -113,6 +119,8 @@ class StoredCaptures:
             failed = "; ".join(capture.why(args, kwargs) for capture, _ in self.entries[:3])
             raise RecompileError(f"stance fail_on_recompile: this call needs a new compiled variant (no stored "
                                  f"capture's guards pass: {failed})")
+        if self.entries:        # a new variant beside stored ones: a recompile, with the guard that failed
+            self.context.record_recompile(self.entries[0][0].why(args, kwargs))
         if self.traced >= self.limit:
             self.misses += 1
             self.note(f"{self.traced} captures traced in this process (the recompile limit): later variants "
@@ -174,6 +182,7 @@ class StoredCaptures:
         except LookupError as exc:
             self.note(f"a stored capture's graph is no longer in the compile cache ({exc}): traced again")
             self.entries.remove(entry)
+            self.last = None
             return False
         return True
 
@@ -209,6 +218,7 @@ class StoredCaptures:
             return compat.MISS
         self.traced += 1
         self.entries.append((capture, None))
+        self.last = self.entries[-1]
         if self.key is not None and storable and all(storable):
             try:
                 self.store.add(self.key, capture.to_bytes())

@@ -206,3 +206,12 @@ def test_under_fail_on_recompile_stored_entries_serve_hits_and_a_miss_names_the_
         with pytest.raises(RecompileError, match="size|shape|8"):
             compiled(torch.randn(4, 32))
     assert compilation_of(compiled).runtime["stored_captures"].counts()["stored_capture_hits"] == 1
+
+
+def test_a_new_variant_beside_stored_entries_is_a_recorded_recompile_naming_the_guard(tmp_path):
+    torch.manual_seed(0)
+    model = Scaled().eval()
+    compiled_call(tmp_path, model, torch.randn(8, 32), dynamic=False)
+    _, compilation, _ = compiled_call(tmp_path, model, torch.randn(4, 32), dynamic=False)
+    assert len(compilation.recompiles) == 1
+    assert "expected 8, actual 4" in compilation.recompiles[0]
