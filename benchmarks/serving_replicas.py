@@ -110,6 +110,7 @@ def child(variant: str, work: str, layers: int, batches: list[int], seqs: list[i
         result["graphs"] = len(compilation.graphs)
         result["cache"] = sorted({g.cache.get("status") for g in compilation.graphs})
         result["stored_captures"] = stored.counts() if stored is not None else None
+        result["stored_capture_notes"] = stored.notes if stored is not None else None
     latencies, worst = [], 0.0
     with torch.no_grad():
         for b, s, seed in _requests(requests, batches, seqs):

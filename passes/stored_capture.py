@@ -30,6 +30,8 @@ from pipeline.compat import precompile
 from pipeline.errors import RecompileError
 from pipeline.logs import get_logger
 
+from .regions import with_own_code
+
 
 class _Graph:
     """The compiled graph a stored capture's code calls; rebuilt from the compile cache the first
@@ -233,7 +235,9 @@ def _caller(target: Callable) -> Callable:
     module runs them) whose closure, ``target`` itself, a loading process supplies."""
     def call(*args: Any, **kwargs: Any) -> Any:
         return target(*args, **kwargs)
-    return call
+    # Its own code object, as the capture pass's own caller has: Dynamo's automatic-dynamic state
+    # is kept per code object, and two models sharing one would make the second one's sizes symbolic.
+    return precompile.with_own_globals(with_own_code(call, f"stored_{type(target).__name__}"))
 
 
 def _symbolic(example_inputs: list) -> bool:

@@ -52,7 +52,7 @@ def test_a_stored_capture_serves_a_later_compile_without_tracing(tmp_path):
     model = Scaled().eval()
     x = torch.randn(8, 32)
     _, first, stored = compiled_call(tmp_path, model, x)
-    assert stored.counts()["captures_stored"] == 1
+    assert stored.counts()["captures_stored"] == 1, (stored.counts(), stored.notes)
     assert len(first.captures) == 1        # Dynamo traced it
     _, second, stored = compiled_call(tmp_path, model, torch.randn(8, 32))
     counts = stored.counts()
@@ -215,3 +215,12 @@ def test_a_new_variant_beside_stored_entries_is_a_recorded_recompile_naming_the_
     _, compilation, _ = compiled_call(tmp_path, model, torch.randn(4, 32), dynamic=False)
     assert len(compilation.recompiles) == 1
     assert "expected 8, actual 4" in compilation.recompiles[0]
+
+
+def test_two_models_in_one_process_each_store_static_captures(tmp_path):
+    """Each compiled model traces its own code object: the second model's first capture is not
+    made dynamic by the sizes the first one saw."""
+    torch.manual_seed(0)
+    _, _, first = compiled_call(tmp_path, Scaled().eval(), torch.randn(8, 32))
+    _, _, second = compiled_call(tmp_path, Scaled(width=16).eval(), torch.randn(3, 16))
+    assert first.counts()["captures_stored"] == 1 and second.counts()["captures_stored"] == 1, second.notes

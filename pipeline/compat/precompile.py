@@ -18,6 +18,7 @@ does by default: a stored capture is checked on the call's arguments and the mod
 (tensor metadata, attribute values), not on module-level globals the model reads."""
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import hashlib
 import importlib
@@ -25,6 +26,7 @@ import inspect
 import io
 import linecache
 import pickle
+import types
 from typing import Any, Callable
 
 import torch
@@ -43,6 +45,17 @@ def available() -> bool:
     except ImportError:
         return False
     return hasattr(torch._dynamo.config, "enable_aot_compile")
+
+
+def with_own_globals(fn: Callable) -> Callable:
+    """``fn`` as a function whose globals are a fresh namespace holding the builtins: torch 2.11's
+    ahead-of-time compile looks the names the transformed code loads (``type``, ``len``...) up in
+    the traced function's globals only, and Dynamo installs the globals it adds there rather than
+    in the defining module."""
+    namespace = {**vars(builtins), "__builtins__": builtins, "__name__": fn.__module__}
+    copy = types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy.__qualname__, copy.__module__ = fn.__qualname__, fn.__module__
+    return copy
 
 
 def untraceable(fn: Callable) -> str | None:
@@ -244,4 +257,5 @@ def unsupported_capture_errors() -> tuple[type, ...]:
                              pickle.PicklingError) if t is not None)
 
 
-__all__ = ["StoredCapture", "available", "capture", "load", "unsupported_capture_errors", "untraceable"]
+__all__ = ["StoredCapture", "available", "capture", "load", "unsupported_capture_errors", "untraceable",
+           "with_own_globals"]
