@@ -42,7 +42,7 @@ def available() -> bool:
     try:
         from torch._dynamo import aot_compile  # noqa: F401
         from torch._dynamo.aot_compile_types import SerializableCallable  # noqa: F401
-    except ImportError:
+    except ImportError:     # a torch without ahead-of-time compile
         return False
     return hasattr(torch._dynamo.config, "enable_aot_compile")
 
@@ -73,34 +73,50 @@ def _serializable_guards(entries: Any) -> list[bool]:
             for e in entries]
 
 
-try:
-    from torch._dynamo.aot_compile_types import SerializableCallable as _Serializable
-except ImportError:     # a torch without ahead-of-time compile: available() is False
-    _Serializable = object
+_STORED_GRAPH: type | None = None
 
 
-class StoredGraph(_Serializable):
-    """The compiled graph as Dynamo's code calls it, and the bytes that find it again (None: it
-    has no stored form, and the capture is not stored)."""
+def _stored_graph_class() -> type:
+    """``StoredGraph``, made on first use: its base class comes with Dynamo (and Triton), which
+    importing this module does not import."""
+    global _STORED_GRAPH
+    if _STORED_GRAPH is not None:
+        return _STORED_GRAPH
+    from torch._dynamo.aot_compile_types import SerializableCallable
 
-    def __init__(self, fn: Callable, token: bytes | None):
-        self.fn = fn
-        self.token = token
+    class StoredGraph(SerializableCallable):
+        """The compiled graph as Dynamo's code calls it, and the bytes that find it again (None:
+        it has no stored form, and the capture is not stored)."""
 
-    @classmethod
-    def serialize_compile_artifacts(cls, fn: Any) -> bytes:
-        """The token (raises when there is none: the capture is then not stored)."""
-        if fn.token is None:
-            raise ValueError("the compiled graph has no stored form")
-        return fn.token
+        def __init__(self, fn: Callable, token: bytes | None):
+            self.fn = fn
+            self.token = token
 
-    @classmethod
-    def deserialize_compile_artifacts(cls, data: bytes) -> Any:
-        """The token as stored (:func:`load` turns it into the graph)."""
-        return data
+        @classmethod
+        def serialize_compile_artifacts(cls, fn: Any) -> bytes:
+            """The token (raises when there is none: the capture is then not stored)."""
+            if fn.token is None:
+                raise ValueError("the compiled graph has no stored form")
+            return fn.token
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.fn(*args, **kwargs)
+        @classmethod
+        def deserialize_compile_artifacts(cls, data: bytes) -> Any:
+            """The token as stored (:func:`load` turns it into the graph)."""
+            return data
+
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return self.fn(*args, **kwargs)
+
+    StoredGraph.__module__, StoredGraph.__qualname__ = __name__, "StoredGraph"
+    _STORED_GRAPH = StoredGraph
+    return StoredGraph
+
+
+def __getattr__(name: str) -> Any:
+    """``StoredGraph`` by name (a stored capture's pickle refers to it)."""
+    if name == "StoredGraph":
+        return _stored_graph_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _closure_data(fn: Any) -> dict[str, Any]:
@@ -197,7 +213,7 @@ def capture(fn: Callable, args: tuple, kwargs: dict, backend: Callable, *,
 
     def stored_backend(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
         graph, token = backend(gm, example_inputs)
-        return StoredGraph(graph, token)
+        return _stored_graph_class()(graph, token)
 
     code = fn.__code__
     if not (code.co_argcount == 0 and code.co_kwonlyargcount == 0 and code.co_flags & inspect.CO_VARARGS
@@ -229,7 +245,7 @@ def load(data: bytes, fn: Callable, rebuild: Callable[[bytes], Callable]) -> Sto
     env = state["runtime_env"]
     state["runtime_env"] = env = dataclasses.replace(env, bytecode=SerializedCode.to_code_object(env.bytecode))
     _, token = state["compiled_fn"]
-    state["compiled_fn"] = StoredGraph(rebuild(token), token)
+    state["compiled_fn"] = _stored_graph_class()(rebuild(token), token)
     state["original_code"] = SerializedCode.to_code_object(state["original_code"])
     f_locals = {name: cell.cell_contents for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ())}
     guards = load_guards_state(state["guards_state"])
