@@ -91,4 +91,37 @@ class GraphProgress:
                             f"({len(graph.graph.nodes)} nodes, {self.progress.elapsed():.1f} s of compile so far)")
 
 
-__all__ = ["Progress", "GraphProgress", "progress_enabled", "progress_after"]
+class WarmupProgress:
+    """One line per warmed-up bucket combination (buckets done, the combination, seconds so far,
+    an estimate of the time left from the mean so far), under the same switches as compile
+    progress: ``PIPELINE_PROGRESS`` and, for the first line, ``PIPELINE_PROGRESS_AFTER``."""
+
+    def __init__(self, total: int, stream: TextIO | None = None, *, enabled: bool | None = None,
+                 after: float | None = None):
+        self.total = total
+        self.stream = stream
+        self.enabled = progress_enabled(stream) if enabled is None else enabled
+        self.after = progress_after() if after is None else after
+        self.start = time.perf_counter()
+        self.lines = 0
+
+    def line(self, done: int, combination: dict) -> str:
+        """The line after ``done`` combinations, the last being ``combination``."""
+        elapsed = time.perf_counter() - self.start
+        left = elapsed / done * (self.total - done) if done else 0.0
+        sizes = ", ".join(f"{axis} {size}" for axis, size in combination.items())
+        return (f"warm-up {done}/{self.total} buckets ({sizes}), {elapsed:.1f} s so far"
+                + (f", about {left:.0f} s left" if done < self.total else ""))
+
+    def bucket_done(self, done: int, combination: dict) -> None:
+        """Report that ``done`` combinations are compiled (printed once past the threshold)."""
+        if not self.enabled or (time.perf_counter() - self.start < self.after and done < self.total
+                                and not self.lines):
+            return
+        stream = self.stream if self.stream is not None else sys.stderr
+        stream.write(f"pipeline: {self.line(done, combination)}\n")
+        stream.flush()
+        self.lines += 1
+
+
+__all__ = ["Progress", "GraphProgress", "WarmupProgress", "progress_enabled", "progress_after"]

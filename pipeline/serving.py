@@ -32,6 +32,7 @@ from pipeline import compat
 from pipeline.compilation import compilation_of
 from pipeline.errors import PipelineError, RecompileError, ShapeError
 from pipeline.plan.shapes import ShapeSettings
+from pipeline.progress import WarmupProgress
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
@@ -196,7 +197,9 @@ class BucketedRunner:
         recompiles, graphs = len(compilation.recompiles), len(compilation.graphs)
         start = time.perf_counter()
         count = 0
-        for combination in itertools.product(*(self.buckets[axis] for axis in axes)):
+        combinations = list(itertools.product(*(self.buckets[axis] for axis in axes)))
+        progress = WarmupProgress(len(combinations))
+        for combination in combinations:
             target = dict(zip(axes, combination))
             call_args, call_kwargs = args, kwargs
             for inp in present:
@@ -206,6 +209,7 @@ class BucketedRunner:
                 call_args, call_kwargs = inp.put(call_args, call_kwargs, _fresh_copy(value))
             self.runner(*call_args, **call_kwargs)
             count += 1
+            progress.bucket_done(count, target)
         self.warmed = True
         record = {"combinations": count, "axes": {axis: list(self.buckets[axis]) for axis in axes},
                   "graphs_compiled": len(compilation.graphs) - graphs,

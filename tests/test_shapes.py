@@ -293,6 +293,21 @@ def test_explicit_warmup_compiles_every_bucket_ahead_of_the_first_request():
     assert len(compilation_of(compiled).graphs) == graphs
 
 
+def test_warmup_prints_a_progress_line_per_bucket_with_the_time_left(monkeypatch, capsys):
+    monkeypatch.setenv("PIPELINE_PROGRESS", "on")
+    monkeypatch.setenv("PIPELINE_PROGRESS_AFTER", "0")
+
+    def double(x):
+        return x * 2
+
+    plan = {"name": "p", "extends": "default", "options": {"capture": {"dynamic": False}},
+            "shapes": {"buckets": {"x": {0: [2, 4, 8]}}, "outputs": {0: {0: "x.0"}}}}
+    pipeline.warmup(compile_with_plan(double, plan), torch.randn(3))
+    lines = [line for line in capsys.readouterr().err.splitlines() if "warm-up" in line]
+    assert [line.split(" buckets")[0] for line in lines] == [f"pipeline: warm-up {i}/3" for i in (1, 2, 3)]
+    assert "(x.0 2)" in lines[0] and "left" in lines[0] and "left" not in lines[-1]
+
+
 def test_warmup_recompiles_are_not_counted_against_expect_max_recompiles():
     def triple(x):
         return x * 3
