@@ -324,10 +324,11 @@ def test_graphs_of_a_cudagraphs_plan_are_stored_in_the_cache_and_artifacts(tmp_p
     assert compilation_of(replica).graphs[0].cache["status"] == "hit"
 
 
-@needs_cuda
-def test_a_runner_rebuilt_from_the_cache_records_and_replays(tmp_path, monkeypatch):
+def _second_compile(tmp_path, monkeypatch, **options):
+    """A reduce-overhead compile after another one filled the cache: (second model, its
+    compilation), after three calls on fresh inputs that matched eager; its graph replays."""
     monkeypatch.delenv("PIPELINE_CACHE_GRAPHS", raising=False)
-    overrides = {"cache": {"dir": str(tmp_path)}}
+    overrides = {"cache": {"dir": str(tmp_path)}, **({"options": options} if options else {})}
     model, x = mlp().cuda(), torch.randn(8, 32, device="cuda")
     with torch.no_grad():
         first = compile_with_plan(model, "reduce-overhead", **overrides)
@@ -339,23 +340,16 @@ def test_a_runner_rebuilt_from_the_cache_records_and_replays(tmp_path, monkeypat
     record = compilation_of(second).graphs[0]
     assert record.cache["status"] == "hit" and record.cudagraphs
     assert not [n for n in cudagraph_notes(second) if n.startswith(("not recorded", "a call ran without"))]
+    return second, compilation_of(second)
+
+
+@needs_cuda
+def test_a_runner_rebuilt_from_the_cache_records_and_replays(tmp_path, monkeypatch):
+    _second_compile(tmp_path, monkeypatch)
 
 
 @needs_cuda
 def test_a_stored_capture_of_a_cudagraphs_plan_records_and_replays_without_tracing(tmp_path, monkeypatch):
-    monkeypatch.delenv("PIPELINE_CACHE_GRAPHS", raising=False)
-    overrides = {"cache": {"dir": str(tmp_path)}, "options": {"capture": {"precompile": True}}}
-    model, x = mlp().cuda(), torch.randn(8, 32, device="cuda")
-    with torch.no_grad():
-        first = compile_with_plan(model, "reduce-overhead", **overrides)
-        first(x)
-        second = compile_with_plan(model, "reduce-overhead", **overrides)
-        for _ in range(3):
-            y = torch.randn(8, 32, device="cuda")
-            assert compare(model(y), second(y)) is None
-    compilation = compilation_of(second)
+    _, compilation = _second_compile(tmp_path, monkeypatch, capture={"precompile": True})
     assert compilation.captures == []      # nothing traced
     assert compilation.runtime["stored_captures"].counts()["stored_capture_hits"] == 3
-    record = compilation.graphs[0]
-    assert record.cache["status"] == "hit" and record.cudagraphs
-    assert not [n for n in cudagraph_notes(second) if n.startswith(("not recorded", "a call ran without"))]

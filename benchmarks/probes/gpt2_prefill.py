@@ -6,16 +6,13 @@ token ids; bf16 on CUDA, a 2-layer float32 model on the CPU.
 """
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import torch
 
-
-class Logits(torch.nn.Module):
-    def __init__(self, model: torch.nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, use_cache=False).logits
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from workloads import LogitsOf  # noqa: E402
 
 
 def model_and_inputs(batch: int = 8, length: int = 512) -> tuple:
@@ -24,6 +21,6 @@ def model_and_inputs(batch: int = 8, length: int = 512) -> tuple:
     config = transformers.GPT2Config(n_layer=12 if cuda else 2, n_positions=1024, attn_implementation="sdpa")
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     torch.manual_seed(0)
-    model = Logits(transformers.GPT2LMHeadModel(config)).to(device=device, dtype=dtype).eval()
+    model = LogitsOf(transformers.GPT2LMHeadModel(config)).to(device=device, dtype=dtype).eval()
     ids = torch.randint(0, config.vocab_size, (batch, length), device=device)
     return model, (ids,)
