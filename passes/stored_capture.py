@@ -25,7 +25,6 @@ from typing import Any, Callable
 import torch
 
 from pipeline import compat
-from pipeline.cache.captures import CaptureStore
 from pipeline.compat import precompile
 from pipeline.errors import RecompileError
 from pipeline.logs import get_logger
@@ -59,7 +58,7 @@ class StoredCaptures:
         self.settings = settings      # the Dynamo settings of the current grad mode (a context manager)
         self.backend = backend        # the capture pass's backend: (gm, example inputs) -> compiled graph
         self.stance = stance          # the plan's capture.stance
-        self.store = CaptureStore(context.plan.cache.dir)
+        self.store = self.compilation.cache.captures
         self.call = _caller(target)
         self.disabled: str | None = precompile.untraceable(self.call)
         if stance not in compat.DIRECT_STANCES:

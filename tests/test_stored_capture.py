@@ -226,3 +226,23 @@ def test_two_models_in_one_process_each_store_static_captures(tmp_path):
     _, _, first = compiled_call(tmp_path, Scaled().eval(), torch.randn(8, 32))
     _, _, second = compiled_call(tmp_path, Scaled(width=16).eval(), torch.randn(3, 16))
     assert first.counts()["captures_stored"] == 1 and second.counts()["captures_stored"] == 1, second.notes
+
+
+def test_a_bundle_carries_stored_captures_only_when_asked_and_loads_them_only_when_trusted(tmp_path):
+    import pipeline
+    from pipeline.cache.artifacts import read_manifest
+    torch.manual_seed(0)
+    model, x = Scaled().eval(), torch.randn(8, 32)
+    compiled, _, _ = compiled_call(tmp_path / "a", model, x)
+    plain = pipeline.save_artifacts(compiled, tmp_path / "plain")
+    assert read_manifest(plain.parent)["captures"] == []
+    bundle = pipeline.save_artifacts(compiled, tmp_path / "bundle", captures=True).parent
+    assert len(read_manifest(bundle)["captures"]) == 1
+    untrusted = pipeline.load_artifacts(bundle, tmp_path / "b")
+    assert (untrusted["captures"], untrusted["captures_skipped"]) == (0, 1)
+    _, _, stored = compiled_call(tmp_path / "b", model, x)
+    assert stored.counts()["captures_traced_for_storing"] == 1        # traced: the capture was not loaded
+    trusted = pipeline.load_artifacts(bundle, tmp_path / "c", trust_captures=True)
+    assert trusted["captures"] == 1
+    _, compilation, stored = compiled_call(tmp_path / "c", model, x)
+    assert stored.counts()["stored_capture_hits"] == 1 and compilation.captures == []

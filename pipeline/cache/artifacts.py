@@ -7,6 +7,7 @@ A bundle is a folder::
     manifest.json          format, what made it, each entry's key and SHA-256, each file's SHA-256
     graphs/<key>.entry     compiled graphs, exactly as the cache stores them (checksummed)
     files/cpp/k_*.so ...   kernel files the entries need, at their path under the cache folder
+    captures/...           stored captures, only when saved with ``captures=True``
 
 :func:`load_artifacts` checks, before copying anything, that every entry was made with this
 process's torch, triton and Python versions, this device (GPU model, or CPU instruction set) and the
@@ -14,7 +15,12 @@ same source of the engine and of the pass packages, and that every file matches 
 mismatch is refused with a message naming what differs. Loading only copies files into the cache:
 nothing in the bundle is imported or unpickled (entries hold JSON and raw tensor bytes), and the
 only code that ever runs from it is the generated kernels the entries describe, loaded from the
-cache, after their hashes are checked, when a compile uses them."""
+cache, after their hashes are checked, when a compile uses them.
+
+Stored captures (``capture.precompile``) are pickles of Dynamo's code and guards: a bundle carries
+them only when saved with ``captures=True``, and loading copies them only with
+``trust_captures=True`` (for bundles you made: unpickling runs code). Without them, a replica
+loaded from the bundle traces its model once and stores its own."""
 from __future__ import annotations
 
 import json
@@ -37,12 +43,13 @@ class ArtifactError(PipelineError):
     """A bundle that cannot be saved or loaded here (version or device mismatch, damaged file)."""
 
 
-def _entries_of(subject: Any) -> tuple[Path, list[str], str | None]:
-    """(cache root, keys, configured dir) for a compiled model, a Compilation, or a cache folder."""
+def _entries_of(subject: Any) -> tuple[Path, list[str], list[str]]:
+    """(cache root, keys, stored-capture files relative to the root) for a compiled model, a
+    Compilation, or a cache folder."""
     if isinstance(subject, (str, os.PathLike)):
         root = Path(subject)
         keys = sorted(p.stem for p in root.glob("graphs/*/*.entry"))
-        return root, keys, str(root)
+        return root, keys, sorted(str(p.relative_to(root)) for p in root.glob("captures/*/*/*.capture"))
     compilation = subject
     if not hasattr(compilation, "cache"):
         compilation = compilation_of(subject)
@@ -53,16 +60,16 @@ def _entries_of(subject: Any) -> tuple[Path, list[str], str | None]:
         raise ArtifactError("nothing to save: no compiled graph of this model is in the compile cache. Call the "
                             "model once before saving" + (f"; what the cache did: {'; '.join(reasons)}" if reasons else "")
                             + ".")
-    return compilation.cache.root, keys, compilation.cache.configured_dir
+    return compilation.cache.root, keys, list(compilation.cache.captures.used)
 
 
-def save_artifacts(subject: Any, path: str | os.PathLike) -> Path:
+def save_artifacts(subject: Any, path: str | os.PathLike, *, captures: bool = False) -> Path:
     """Write a bundle of the compiled graphs behind ``subject`` to the folder ``path``.
 
     ``subject`` is a model returned by :func:`compile_with_plan` (after a call that compiled it), its
-    :class:`~pipeline.compilation.Compilation`, or a cache folder (every entry in it). Returns the
-    path of the manifest."""
-    root, keys, _ = _entries_of(subject)
+    :class:`~pipeline.compilation.Compilation`, or a cache folder (every entry in it). ``captures``
+    also bundles the stored captures it used (module docstring). Returns the path of the manifest."""
+    root, keys, capture_files = _entries_of(subject)
     out = Path(path)
     (out / "graphs").mkdir(parents=True, exist_ok=True)
     entries, files = [], {}
@@ -85,8 +92,17 @@ def save_artifacts(subject: Any, path: str | os.PathLike) -> Path:
         entries.append({"key": key, "sha256": file_digest(out / "graphs" / f"{key}.entry"),
                         "target": header.get("target"), "environment": header.get("environment", {}),
                         "code": header.get("code", {})})
+    stored = []
+    for relative in capture_files if captures else []:
+        source = root / relative
+        if not source.exists():
+            raise ArtifactError(f"stored capture {source} is missing; compile the model again before saving")
+        target = out / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+        stored.append({"path": relative, "sha256": file_digest(target)})
     manifest = {"format": FORMAT, "entries": entries,
-                "files": [{"path": p, "sha256": d} for p, d in sorted(files.items())]}
+                "files": [{"path": p, "sha256": d} for p, d in sorted(files.items())], "captures": stored}
     atomic_write(out / "manifest.json", json.dumps(manifest, indent=1).encode())
     return out / "manifest.json"
 
@@ -119,10 +135,13 @@ def mismatches(entry: dict) -> list[str]:
     return out
 
 
-def load_artifacts(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> dict:
+def load_artifacts(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None, *,
+                   trust_captures: bool = False) -> dict:
     """Check the bundle at ``path`` against this process and copy it into the compile cache
     (``cache_dir``, else ``$PIPELINE_CACHE_DIR``, else the per-user default: the folder a plan with
-    ``cache.dir: null`` uses). Returns ``{"entries": n, "files": n, "cache": folder}``.
+    ``cache.dir: null`` uses). Stored captures in the bundle are copied only with
+    ``trust_captures`` (module docstring). Returns ``{"entries": n, "files": n, "captures": n,
+    "captures_skipped": n, "cache": folder}``.
 
     Raises :class:`ArtifactError` naming every version, device or source mismatch, and every
     file whose hash does not match, before anything is copied."""
@@ -149,6 +168,11 @@ def load_artifacts(path: str | os.PathLike, cache_dir: str | os.PathLike | None 
             raise ArtifactError(f"{entry_file} holds another key than its name says")
     for item in manifest["files"]:
         _check(folder / "files" / item["path"], item["sha256"])
+    captures = manifest.get("captures", []) if trust_captures else []
+    for item in captures:
+        if not item["path"].startswith("captures/") or ".." in Path(item["path"]).parts:
+            raise ArtifactError(f"stored capture path {item['path']!r} is outside the bundle's captures folder")
+        _check(folder / item["path"], item["sha256"])
     root = cache_root(cache_dir)
     for item in manifest["files"]:
         target = root / item["path"]
@@ -160,7 +184,12 @@ def load_artifacts(path: str | os.PathLike, cache_dir: str | os.PathLike | None 
         target = entry_path(root, entry["key"])
         target.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(target, (folder / "graphs" / f"{entry['key']}.entry").read_bytes())
-    return {"entries": len(manifest["entries"]), "files": len(manifest["files"]), "cache": str(root)}
+    for item in captures:
+        target = root / item["path"]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(target, (folder / item["path"]).read_bytes())
+    return {"entries": len(manifest["entries"]), "files": len(manifest["files"]), "captures": len(captures),
+            "captures_skipped": len(manifest.get("captures", [])) - len(captures), "cache": str(root)}
 
 
 def _check(path: Path, expected: str) -> None:
@@ -175,7 +204,8 @@ def describe_artifacts(path: str | os.PathLike) -> str:
     load it."""
     manifest = read_manifest(path)
     get_registry()
-    lines = [f"{path}: {len(manifest['entries'])} compiled graph(s), {len(manifest['files'])} kernel file(s)"]
+    lines = [f"{path}: {len(manifest['entries'])} compiled graph(s), {len(manifest['files'])} kernel file(s), "
+             f"{len(manifest.get('captures', []))} stored capture(s)"]
     for entry in manifest["entries"]:
         env = entry.get("environment", {})
         lines.append(f"  {entry['key'][:16]}  target {entry.get('target')}  torch {env.get('torch')}  "

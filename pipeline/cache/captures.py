@@ -20,6 +20,7 @@ class CaptureStore:
 
     def __init__(self, configured_dir: str | None = None):
         self.root = cache_root(configured_dir) / "captures"
+        self.used: list[str] = []     # entries read or written, relative to the cache root (for bundles)
 
     def key(self, material: dict) -> str:
         """The key of ``material`` (everything that must match for an entry to be tried)."""
@@ -41,7 +42,13 @@ class CaptureStore:
                 out.append((path.name, path.read_bytes()))
             except OSError:
                 continue
+            self._use(key, path.name)
         return out
+
+    def _use(self, key: str, name: str) -> None:
+        relative = f"captures/{key[:2]}/{key}/{name}"
+        if relative not in self.used:
+            self.used.append(relative)
 
     def add(self, key: str, data: bytes) -> str:
         """Store one capture under ``key``; returns its file name."""
@@ -49,6 +56,7 @@ class CaptureStore:
         folder = self.folder(key)
         folder.mkdir(parents=True, exist_ok=True)
         atomic_write(folder / name, data)
+        self._use(key, name)
         return name
 
     def remove(self, key: str, name: str) -> None:

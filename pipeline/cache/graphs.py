@@ -22,6 +22,7 @@ import torch.fx
 from pipeline import compat
 from pipeline.cache import (CorruptEntry, cache_root, digest, entry_path, environment, file_digest, graphs_enabled,
                     dump_key_material, key_material, read_entry, relocate_cuda, write_entry)
+from pipeline.cache.captures import CaptureStore
 from pipeline.cache.graph_io import Codec, UnsupportedGraph, data_to_graph, graph_to_data
 from pipeline.logs import get_logger
 
@@ -59,6 +60,7 @@ class GraphCache:
         self._code: dict[str, dict] = {}     # key -> source fingerprints it was made with
         self._cuda_index: dict[str, int | None] = {}   # key -> the GPU its graph was keyed on
         self._log = get_logger("cache")
+        self.captures = CaptureStore(plan.cache.dir)    # stored captures (a capture pass's own bytes)
 
     def lookup(self, gm: torch.fx.GraphModule, example_inputs: list, *, plan: Any, passes: list, role: str,
                target: str, graph_id: str, bypass: str | None = None,

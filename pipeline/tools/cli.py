@@ -208,11 +208,14 @@ def _cmd_artifacts(args: argparse.Namespace) -> int:
     from pipeline.cache import cache_root
     if args.artifacts_command == "save":
         source = cache_root(args.cache_dir)
-        manifest = save_artifacts(source, args.bundle)
+        manifest = save_artifacts(source, args.bundle, captures=args.captures)
         print(f"saved every compiled graph in {source} to {manifest.parent}")
     elif args.artifacts_command == "load":
-        done = load_artifacts(args.bundle, args.cache_dir)
-        print(f"loaded {done['entries']} compiled graph(s) and {done['files']} kernel file(s) into {done['cache']}")
+        done = load_artifacts(args.bundle, args.cache_dir, trust_captures=args.trust_captures)
+        print(f"loaded {done['entries']} compiled graph(s), {done['files']} kernel file(s) and {done['captures']} "
+              f"stored capture(s) into {done['cache']}"
+              + (f"; {done['captures_skipped']} stored capture(s) not loaded (--trust-captures loads them)"
+                 if done["captures_skipped"] else ""))
     else:
         print(describe_artifacts(args.bundle))
     return 0
@@ -300,6 +303,12 @@ def build_parser() -> argparse.ArgumentParser:
         if name != "show":
             p.add_argument("--cache-dir", default=None,
                            help="cache folder (default: $PIPELINE_CACHE_DIR or the per-user default)")
+        if name == "save":
+            p.add_argument("--captures", action="store_true",
+                           help="also bundle stored captures (pickles: load them only where the bundle is trusted)")
+        if name == "load":
+            p.add_argument("--trust-captures", action="store_true",
+                           help="also load the bundle's stored captures (unpickled when used: bundles you made only)")
         p.set_defaults(func=_cmd_artifacts)
     return parser
 
