@@ -93,6 +93,10 @@ class StoredCaptures:
             start = time.perf_counter()
             self._load(args, kwargs)
             self.load_seconds += time.perf_counter() - start
+            if self.disabled is not None:       # nowhere to store (the cache is off)
+                self.misses += 1
+                self.note(self.disabled)
+                return compat.MISS
         last = self.last
         if last is not None and last[0].check(args, kwargs):     # a repeated shape: the entry it ran last
             self.hits += 1

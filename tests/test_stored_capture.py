@@ -246,3 +246,13 @@ def test_a_bundle_carries_stored_captures_only_when_asked_and_loads_them_only_wh
     assert trusted["captures"] == 1
     _, compilation, stored = compiled_call(tmp_path / "c", model, x)
     assert stored.counts()["stored_capture_hits"] == 1 and compilation.captures == []
+
+
+def test_with_the_cache_off_calls_go_through_dynamo_once_with_the_reason(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIPELINE_CACHE_GRAPHS", "0")
+    torch.manual_seed(0)
+    model = Scaled().eval()
+    compiled, compilation, stored = compiled_call(tmp_path, model, torch.randn(8, 32))
+    assert stored.counts()["captures_traced_for_storing"] == 0
+    assert len(compilation.graphs) == 1          # traced once, by Dynamo
+    assert any("not stored" in note and "PIPELINE_CACHE_GRAPHS" in note for note in stored.notes), stored.notes
