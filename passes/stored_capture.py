@@ -11,8 +11,8 @@ passing, the call is traced (and stored) as a new entry, up to the recompile lim
 Calls this does not serve go through Dynamo as usual (the capture pass's normal path), with the
 reason kept in :attr:`StoredCaptures.notes`: calls that need gradients (training graphs go
 through AOTAutograd), a model that breaks the graph (a stored capture is one whole graph),
-stances that change hits (``force_eager``, the ``*_then_compile`` ones), and calls past the
-recompile limit. Under ``eager_on_recompile`` and ``fail_on_recompile`` stored entries serve
+stances that change hits (``force_eager``, the ``*_then_compile`` ones), plans that verify
+(``verify`` compares each graph with its capture), and calls past the recompile limit. Under ``eager_on_recompile`` and ``fail_on_recompile`` stored entries serve
 their hits, and a miss runs eagerly or raises :class:`~pipeline.RecompileError` naming the
 guards that failed, as Dynamo would."""
 from __future__ import annotations
@@ -63,6 +63,8 @@ class StoredCaptures:
         self.disabled: str | None = precompile.untraceable(self.call)
         if stance not in compat.DIRECT_STANCES:
             self.disabled = f"capture.stance {stance}: calls go through Dynamo"
+        if context.plan.verify != "off":     # verification compares with the captured graph
+            self.disabled = f"verify: {context.plan.verify} checks every graph against its capture: calls go through Dynamo"
         self.entries: list[tuple[Any, _Graph | None]] | None = None
         self.key: str | None = None
         self.last: tuple | None = None      # the entry the previous hit ran (checked first)

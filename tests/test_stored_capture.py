@@ -256,3 +256,16 @@ def test_with_the_cache_off_calls_go_through_dynamo_once_with_the_reason(tmp_pat
     assert stored.counts()["captures_traced_for_storing"] == 0
     assert len(compilation.graphs) == 1          # traced once, by Dynamo
     assert any("not stored" in note and "PIPELINE_CACHE_GRAPHS" in note for note in stored.notes), stored.notes
+
+
+def test_a_plan_that_verifies_does_not_store_captures_and_says_why(tmp_path):
+    torch.manual_seed(0)
+    model = Scaled().eval()
+    compiled = compile_with_plan(model, "default", cache={"dir": str(tmp_path)}, verify="final",
+                                 options={"capture": {"precompile": True}})
+    with torch.no_grad():
+        x = torch.randn(8, 32)
+        torch.testing.assert_close(compiled(x), model(x))
+    stored = compilation_of(compiled).runtime["stored_captures"]
+    assert stored.counts()["captures_traced_for_storing"] == 0
+    assert any(note.startswith("verify: final") for note in stored.notes), stored.notes
