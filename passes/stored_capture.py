@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+import threading
 import time
 from typing import Any, Callable
 
@@ -72,6 +73,7 @@ class StoredCaptures:
         self.loaded = self.traced = self.stored = self.hits = self.misses = 0
         self.load_seconds = 0.0      # reading and checking stored entries, rebuilding their graphs
         self._log = get_logger("cache")
+        self._lock = threading.RLock()    # loading and tracing: one thread at a time
 
     def counts(self) -> dict[str, int]:
         return {"stored_capture_hits": self.hits, "stored_captures_loaded": self.loaded,
@@ -92,13 +94,25 @@ class StoredCaptures:
             self.note(reason)
             return compat.MISS
         if self.entries is None:
-            start = time.perf_counter()
-            self._load(args, kwargs)
-            self.load_seconds += time.perf_counter() - start
+            with self._lock:
+                if self.entries is None:
+                    start = time.perf_counter()
+                    self._load(args, kwargs)
+                    self.load_seconds += time.perf_counter() - start
             if self.disabled is not None:       # nowhere to store (the cache is off)
                 self.misses += 1
                 self.note(self.disabled)
                 return compat.MISS
+        out = self._hit(args, kwargs)
+        if out is not compat.MISS:
+            return out
+        with self._lock:     # one thread rebuilds or traces; it may find what another one added
+            out = self._hit(args, kwargs, rebuild=True)
+            return out if out is not compat.MISS else self._miss(args, kwargs)
+
+    def _hit(self, args: tuple, kwargs: dict, *, rebuild: bool = False) -> Any:
+        """The result through the first entry whose guards pass (the previous hit's first), or
+        MISS; an entry whose graph is not rebuilt yet counts only when ``rebuild`` (under the lock)."""
         last = self.last
         if last is not None and last[0].check(args, kwargs):     # a repeated shape: the entry it ran last
             self.hits += 1
@@ -108,6 +122,8 @@ class StoredCaptures:
             if entry is last or not capture.check(args, kwargs):
                 continue
             if graph is not None and graph.fn is None:
+                if not rebuild:
+                    return compat.MISS
                 start = time.perf_counter()
                 rebuilt = self._rebuild(entry)
                 self.load_seconds += time.perf_counter() - start
@@ -116,6 +132,10 @@ class StoredCaptures:
             self.hits += 1
             self.last = entry
             return capture.run(args, kwargs)
+        return compat.MISS
+
+    def _miss(self, args: tuple, kwargs: dict) -> Any:
+        """No entry's guards pass: the stance decides, else the call is traced and stored."""
         stance = compat.current_stance()
         if stance == "default" and self.stance != "default":
             stance = self.stance

@@ -269,3 +269,22 @@ def test_a_plan_that_verifies_does_not_store_captures_and_says_why(tmp_path):
     stored = compilation_of(compiled).runtime["stored_captures"]
     assert stored.counts()["captures_traced_for_storing"] == 0
     assert any(note.startswith("verify: final") for note in stored.notes), stored.notes
+
+
+def test_threads_calling_one_model_at_several_shapes_get_eager_results(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+    torch.manual_seed(0)
+    model = Scaled().eval()
+    compiled = compile_with_plan(model, "default", cache={"dir": str(tmp_path)},
+                                 options={"capture": {"precompile": True, "dynamic": False}})
+
+    def call(n: int) -> None:
+        with torch.no_grad():
+            for _ in range(4):
+                x = torch.randn(n, 32)
+                torch.testing.assert_close(compiled(x), model(x))
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(call, [2, 3, 4, 2, 3, 4]))
+    counts = compilation_of(compiled).runtime["stored_captures"].counts()
+    assert counts["captures_traced_for_storing"] == 3 and counts["stored_capture_hits"] == 6 * 4 - 3
