@@ -25,6 +25,7 @@ generate it.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 from typing import Any, Callable, Literal
@@ -172,7 +173,9 @@ def cache_material(self: Any) -> str:
     return fingerprint()
 
 
+@functools.lru_cache(maxsize=None)
 def _described(function: Callable | None) -> str:
+    """A rule function's name and source (read once per function: every cache key needs them)."""
     if function is None:
         return ""
     try:
