@@ -113,6 +113,9 @@ class Capture(CapturePass):
             if self.options.regions:
                 raise PipelineError("capture.regions (regional compilation) works with frontend: dynamo only; "
                                     "remove regions or use frontend: dynamo.")
+            if self.options.precompile:
+                raise PipelineError("capture.precompile (stored captures) works with frontend: dynamo only; "
+                                    "remove precompile or use frontend: dynamo.")
             return _ExportRunner(fn, compile_graph, context, self.options)
         return self._capture_dynamo(fn, compile_graph, context)
 
@@ -192,7 +195,10 @@ class Capture(CapturePass):
 
         mark = _dim_marker(fn, opts.dynamic_dims) if opts.dynamic_dims else None
         stored = None
-        if opts.precompile and not opts.regions and not sharded:
+        if opts.precompile and (opts.regions or sharded):
+            warnings.warn("pipeline: capture.precompile is not applied with regional compilation (capture.regions "
+                          "or FSDP2-sharded blocks): each region is traced in every process.", stacklevel=4)
+        elif opts.precompile:
             from .stored_capture import StoredCaptures
             stored = StoredCaptures(fn, context, dynamic=opts.dynamic,
                                     limit=opts.recompile_limit + context.planned_variants,

@@ -288,3 +288,16 @@ def test_threads_calling_one_model_at_several_shapes_get_eager_results(tmp_path)
         list(pool.map(call, [2, 3, 4, 2, 3, 4]))
     counts = compilation_of(compiled).runtime["stored_captures"].counts()
     assert counts["captures_traced_for_storing"] == 3       # one per shape (the counters of hits are not atomic)
+
+
+def test_precompile_with_export_is_a_plan_error_and_with_regions_a_warning(tmp_path):
+    from pipeline import PipelineError
+    model = Scaled().eval()
+    with pytest.raises(PipelineError, match="frontend: dynamo only"):
+        compiled = compile_with_plan(model, "default", cache={"dir": str(tmp_path)},
+                                     options={"capture": {"precompile": True, "frontend": "export"}})
+        compiled(torch.randn(8, 32))
+    with pytest.warns(UserWarning, match="precompile is not applied with regional compilation"), torch.no_grad():
+        compiled = compile_with_plan(model, "default", cache={"dir": str(tmp_path)},
+                                     options={"capture": {"precompile": True, "regions": ["Linear"]}})
+        compiled(torch.randn(8, 32))
