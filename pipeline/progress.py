@@ -115,8 +115,7 @@ class WarmupProgress:
 
     def bucket_done(self, done: int, combination: dict) -> None:
         """Report that ``done`` combinations are compiled (printed once past the threshold)."""
-        if not self.enabled or (time.perf_counter() - self.start < self.after and done < self.total
-                                and not self.lines):
+        if not self.enabled or (not self.lines and time.perf_counter() - self.start < self.after):
             return
         stream = self.stream if self.stream is not None else sys.stderr
         stream.write(f"pipeline: {self.line(done, combination)}\n")
