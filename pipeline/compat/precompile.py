@@ -62,7 +62,7 @@ def untraceable(fn: Callable) -> str | None:
     """Why ``fn`` cannot have its capture stored, or None."""
     if not available():
         return f"torch {torch.__version__} has no ahead-of-time compile to store captures with"
-    if not isinstance(getattr(fn, "__code__", None), type(available.__code__)):
+    if not isinstance(getattr(fn, "__code__", None), types.CodeType):
         return f"{type(fn).__name__} is not a Python function"
     return None
 
