@@ -301,3 +301,18 @@ def test_precompile_with_export_is_a_plan_error_and_with_regions_a_warning(tmp_p
         compiled = compile_with_plan(model, "default", cache={"dir": str(tmp_path)},
                                      options={"capture": {"precompile": True, "regions": ["Linear"]}})
         compiled(torch.randn(8, 32))
+
+
+def softplus_sum(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.softplus(x) + y.sin()
+
+
+def test_a_plain_function_is_stored_and_served_without_tracing(tmp_path):
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    options = {"capture": {"precompile": True}}
+    first = compile_with_plan(softplus_sum, "default", cache={"dir": str(tmp_path)}, options=options)
+    torch.testing.assert_close(first(x, y), softplus_sum(x, y))
+    second = compile_with_plan(softplus_sum, "default", cache={"dir": str(tmp_path)}, options=options)
+    torch.testing.assert_close(second(x, y), softplus_sum(x, y))
+    stored = compilation_of(second).runtime["stored_captures"]
+    assert stored.counts()["stored_capture_hits"] == 1 and compilation_of(second).captures == [], stored.notes
