@@ -25,10 +25,8 @@ is ``cpu-two-blocks`` plus ``gpt2-12`` when CUDA is available.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -222,17 +220,9 @@ def main() -> None:
     lines = summary(rows)
     print("\n".join(lines))
     if args.out:
-        import torch
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-        commit_id = os.environ.get("PIPELINE_COMMIT") or commit.stdout.strip()
-        record = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": platform.node(),
-                  "torch": torch.__version__, "commit": commit_id, "rows": rows, "summary": lines}
-        path = out / f"compile_time-{datetime.date.today()}.json"
-        path.write_text(json.dumps(record, indent=1))
+        from record import write_record
+        path = write_record(args.out, "compile_time", {"rows": rows, "summary": lines})
         print(f"written {path}")
-
 
 if __name__ == "__main__":
     main()

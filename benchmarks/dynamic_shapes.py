@@ -41,6 +41,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pipeline  # noqa: E402
+from workloads import LogitsOf  # noqa: E402
 from zoo.measure import CPU_PAUSE, relerr, round_order, synchronize  # noqa: E402  (as the zoo measures)
 from pipeline import compile_with_plan  # noqa: E402
 
@@ -88,15 +89,6 @@ class MLP(nn.Module):
         return self.norm(x + self.down(torch.nn.functional.gelu(self.up(x))))
 
 
-class Logits(nn.Module):
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, use_cache=False).logits
-
-
 def workloads(device: str, names: list[str]) -> list[dict]:
     """Each workload: its model, dtype, all sizes, the timed sizes and ``inputs(size, generator)``."""
     cuda = device == "cuda"
@@ -129,7 +121,7 @@ def workloads(device: str, names: list[str]) -> list[dict]:
             config = transformers.GPT2Config(n_layer=12 if cuda else 2, n_positions=1024,
                                              attn_implementation="sdpa")
             dtype = torch.bfloat16 if cuda else torch.float32
-            model = Logits(transformers.GPT2LMHeadModel(config))
+            model = LogitsOf(transformers.GPT2LMHeadModel(config))
             lengths = [32, 64, 96, 128, 192, 256, 384, 512]
             out.append({"name": "gpt2", "model": model, "dtype": dtype, "sizes": lengths, "timed": lengths,
                         "inputs": lambda s, g: (torch.randint(0, 50257, (1, s), generator=g).to(device),)})

@@ -21,7 +21,6 @@ relative error over requests)."""
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import subprocess
@@ -162,17 +161,10 @@ def main() -> None:
             rows.append(row)
             print(json.dumps(row), flush=True)
     if args.out:
-        import torch
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        record = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
-                  "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-                  "torch": torch.__version__, "commit": os.environ.get("PIPELINE_COMMIT", ""),
-                  "layers": args.layers, "batches": batches, "seqs": seqs, "rows": rows}
-        path = out / f"serving-replicas-{datetime.date.today()}.json"
-        path.write_text(json.dumps(record, indent=1))
+        from record import write_record
+        path = write_record(args.out, "serving-replicas", {"layers": args.layers, "batches": batches, "seqs": seqs,
+                                                            "rows": rows})
         print(f"written {path}")
-
 
 if __name__ == "__main__":
     main()

@@ -203,7 +203,7 @@ class Capture(CapturePass):
             stored = StoredCaptures(fn, context, dynamic=opts.dynamic,
                                     limit=opts.recompile_limit + context.planned_variants,
                                     settings=lambda: settings[torch.is_grad_enabled()], backend=backend,
-                                    stance=opts.stance)
+                                    stance=opts.stance, before_trace=mark)
             context.expose("stored_captures", stored)
 
         def call(args: tuple, kwargs: dict) -> Any:
@@ -248,8 +248,6 @@ class Capture(CapturePass):
 
         def run(*args: Any, **kwargs: Any) -> Any:
             if stored is not None:
-                if mark is not None:
-                    mark(args, kwargs)
                 out = stored(args, kwargs)
                 if out is not compat.MISS:
                     return out

@@ -33,24 +33,13 @@ from pipeline.logs import get_logger
 from .regions import with_own_code
 
 
-class _Graph:
-    """The compiled graph a stored capture's code calls; rebuilt from the compile cache the first
-    time the capture's guards pass."""
-
-    def __init__(self, token: bytes):
-        self.token = token
-        self.fn: Callable | None = None
-
-    def __call__(self, *args: Any) -> Any:
-        return self.fn(*args)
-
-
 class StoredCaptures:
     """The stored captures of one compiled function (module docstring); ``counts()`` appear in
     the compile report under ``calls``."""
 
     def __init__(self, target: Callable, context: Any, *, dynamic: bool | None, limit: int,
-                 settings: Callable[[], Any], backend: Callable, stance: str = "default"):
+                 settings: Callable[[], Any], backend: Callable, stance: str = "default",
+                 before_trace: Callable[[tuple, dict], None] | None = None):
         self.target = target
         self.context = context
         self.compilation = context.compilation
@@ -59,6 +48,7 @@ class StoredCaptures:
         self.settings = settings      # the Dynamo settings of the current grad mode (a context manager)
         self.backend = backend        # the capture pass's backend: (gm, example inputs) -> compiled graph
         self.stance = stance          # the plan's capture.stance
+        self.before_trace = before_trace    # marks the plan's dynamic dims on a call about to be traced
         self.store = self.compilation.cache.captures
         self.call = _caller(target)
         self.disabled: str | None = precompile.untraceable(self.call)
@@ -66,9 +56,9 @@ class StoredCaptures:
             self.disabled = f"capture.stance {stance}: calls go through Dynamo"
         if context.plan.verify != "off":     # verification compares with the captured graph
             self.disabled = f"verify: {context.plan.verify} checks every graph against its capture: calls go through Dynamo"
-        self.entries: list[tuple[Any, _Graph | None]] | None = None
+        self.entries: list[precompile.StoredCapture] | None = None
         self.key: str | None = None
-        self.last: tuple | None = None      # the entry the previous hit ran (checked first)
+        self.last: precompile.StoredCapture | None = None     # the entry the previous hit ran (checked first)
         self.notes: list[str] = []
         self.loaded = self.traced = self.stored = self.hits = self.misses = 0
         self.load_seconds = 0.0      # reading and checking stored entries, rebuilding their graphs
@@ -114,14 +104,13 @@ class StoredCaptures:
         """The result through the first entry whose guards pass (the previous hit's first), or
         MISS; an entry whose graph is not rebuilt yet counts only when ``rebuild`` (under the lock)."""
         last = self.last
-        if last is not None and last[0].check(args, kwargs):     # a repeated shape: the entry it ran last
+        if last is not None and last.check(args, kwargs):     # a repeated shape: the entry it ran last
             self.hits += 1
-            return last[0].run(args, kwargs)
+            return last.run(args, kwargs)
         for entry in list(self.entries):
-            capture, graph = entry
-            if entry is last or not capture.check(args, kwargs):
+            if entry is last or not entry.check(args, kwargs):
                 continue
-            if graph is not None and graph.fn is None:
+            if entry.graph is None:
                 if not rebuild:
                     return compat.MISS
                 start = time.perf_counter()
@@ -131,11 +120,17 @@ class StoredCaptures:
                     continue
             self.hits += 1
             self.last = entry
-            return capture.run(args, kwargs)
+            return entry.run(args, kwargs)
         return compat.MISS
 
     def _miss(self, args: tuple, kwargs: dict) -> Any:
-        """No entry's guards pass: the stance decides, else the call is traced and stored."""
+        """No entry's guards pass: a call that needs gradients goes to Dynamo (guards keep such
+        calls off the stored entries: grad mode and ``requires_grad`` are among them), else the
+        stance decides, else the call is traced and stored."""
+        if torch.is_grad_enabled() and _needs_grad(self.target, args, kwargs):
+            self.misses += 1
+            self.note("calls that need gradients (training graphs) are not stored: they go through Dynamo")
+            return compat.MISS
         stance = compat.current_stance()
         if stance == "default" and self.stance != "default":
             stance = self.stance
@@ -143,11 +138,11 @@ class StoredCaptures:
             self.misses += 1
             return self.target(*args, **kwargs)
         if stance == "fail_on_recompile" and self.entries:
-            failed = "; ".join(capture.why(args, kwargs) for capture, _ in self.entries[:3])
+            failed = "; ".join(entry.why(args, kwargs) for entry in self.entries[:3])
             raise RecompileError(f"stance fail_on_recompile: this call needs a new compiled variant (no stored "
                                  f"capture's guards pass: {failed})")
         if self.entries:        # a new variant beside stored ones: a recompile, with the guard that failed
-            self.context.record_recompile(self.entries[0][0].why(args, kwargs))
+            self.context.record_recompile(self.entries[0].why(args, kwargs))
         if self.traced >= self.limit:
             self.misses += 1
             self.note(f"{self.traced} captures traced in this process (the recompile limit): later variants "
@@ -160,8 +155,6 @@ class StoredCaptures:
             return self.disabled
         if compat.current_stance() not in compat.DIRECT_STANCES:
             return f"stance {compat.current_stance()}: calls go through Dynamo"
-        if torch.is_grad_enabled() and _needs_grad(self.target, args, kwargs):
-            return "calls that need gradients (training graphs) are not stored: they go through Dynamo"
         return None
 
     # -- entries -------------------------------------------------------------------------------------
@@ -188,24 +181,16 @@ class StoredCaptures:
             return
         for name, data in self.store.entries(self.key):
             try:
-                graph_slot: list[_Graph] = []
-
-                def rebuild(token: bytes, slot: list = graph_slot) -> _Graph:
-                    slot.append(_Graph(token))
-                    return slot[-1]
-
-                capture = precompile.load(data, self.call, rebuild)
+                self.entries.append(precompile.load(data, self.call))
             except Exception as exc:  # noqa: BLE001 - an entry that does not load is traced again
                 self.note(f"stored capture {name} not used: {type(exc).__name__}: {str(exc)[:300]}")
                 continue
-            self.entries.append((capture, graph_slot[0] if graph_slot else None))
             self.loaded += 1
 
-    def _rebuild(self, entry: tuple) -> bool:
-        capture, graph = entry
-        token = pickle.loads(graph.token)
+    def _rebuild(self, entry: precompile.StoredCapture) -> bool:
+        token = pickle.loads(entry.token)
         try:
-            graph.fn = self.compilation.rebuild_graph(token["key"], token["target"])
+            entry.bind(self.compilation.rebuild_graph(token["key"], token["target"]))
         except LookupError as exc:
             self.note(f"a stored capture's graph is no longer in the compile cache ({exc}): traced again")
             self.entries.remove(entry)
@@ -232,6 +217,8 @@ class StoredCaptures:
             storable[-1] = True
             return fn, pickle.dumps({"key": key, "target": compilation.target_for(example_inputs)})
 
+        if self.before_trace is not None:
+            self.before_trace(args, kwargs)
         try:
             with self.settings():
                 capture = precompile.capture(self.call, args, kwargs, backend, dynamic=self.dynamic)
@@ -244,8 +231,8 @@ class StoredCaptures:
             self.note(self.disabled)
             return compat.MISS
         self.traced += 1
-        self.entries.append((capture, None))
-        self.last = self.entries[-1]
+        self.entries.append(capture)
+        self.last = capture
         if self.key is not None and storable and all(storable):
             try:
                 self.store.add(self.key, capture.to_bytes())

@@ -125,25 +125,36 @@ def _closure_data(fn: Any) -> dict[str, Any]:
 
 class StoredCapture:
     """One full-graph capture that can be stored: ``check(args, kwargs)`` evaluates its guards,
-    ``run(args, kwargs)`` runs its transformed code (the compiled graph inside), ``to_bytes()``
-    gives its stored form."""
+    ``run(args, kwargs)`` runs its transformed code with the compiled graph inside, ``to_bytes()``
+    gives its stored form. ``token`` is what finds the compiled graph again; a loaded capture
+    runs only once :meth:`bind` gave it the graph (``graph`` is None until then)."""
 
-    def __init__(self, compiled: Any, fn: Callable):
+    def __init__(self, compiled: Any, fn: Callable, token: bytes | None, graph: Callable | None):
         self._compiled = compiled
         self._fn = fn
+        self.token = token
         code = fn.__code__
         closure = {name: cell.cell_contents for name, cell in zip(code.co_freevars, fn.__closure__ or ())}
         args_name, kwargs_name = code.co_varnames[:2]     # fn is ``f(*args, **kwargs)`` (capture checks)
         check = compiled._artifacts.guard_manager.check
-        runtime = compiled.fn
-        run = unwrapped_function(runtime.__code__, runtime.__globals__, runtime.__name__, runtime.__closure__)
 
-        def checked(args: tuple, kwargs: dict) -> bool:
-            return check({args_name: args, kwargs_name: kwargs, **closure})
+        def frame_locals(args: tuple, kwargs: dict) -> dict:
+            return {args_name: args, kwargs_name: kwargs, **closure}
 
-        self.check = checked
-        self._locals = lambda args, kwargs: {args_name: args, kwargs_name: kwargs, **closure}
+        self._locals = frame_locals
+        self.check = lambda args, kwargs: check(frame_locals(args, kwargs))
+        self.graph: Callable | None = None
+        if graph is not None:
+            self.bind(graph)
+
+    def bind(self, graph: Callable) -> None:
+        """Run the transformed code with ``graph`` as its compiled graph, called directly (no
+        wrapper of Dynamo's or of the stored form in between)."""
+        runtime = self._compiled.fn
+        namespace = {**runtime.__globals__, self._compiled._artifacts.backend_id: graph}
+        run = unwrapped_function(runtime.__code__, namespace, runtime.__name__, runtime.__closure__)
         self.run = lambda args, kwargs: run(*args, **kwargs)
+        self.graph = graph
 
     def why(self, args: tuple, kwargs: dict) -> str:
         """The first guard that fails for this call."""
@@ -207,8 +218,8 @@ def _without_module_texts(info: Any) -> Any:
 def capture(fn: Callable, args: tuple, kwargs: dict, backend: Callable, *,
             dynamic: bool | None) -> StoredCapture:
     """Trace the Python function ``fn`` once as a full graph with ``backend``, which returns
-    ``(compiled graph, token)``: the token is the bytes a later process gives :func:`load`'s
-    ``rebuild`` to get the compiled graph back (None: it cannot be stored). ``fn``'s closure is
+    ``(compiled graph, token)``: the token is the bytes a later process finds the compiled graph
+    by (None: the capture cannot be stored). ``fn``'s closure is
     not stored: a loading process gives its own (``fn`` is best a small closure over the model)."""
 
     def stored_backend(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
@@ -225,13 +236,14 @@ def capture(fn: Callable, args: tuple, kwargs: dict, backend: Callable, *,
         compiled = compiled_fn.aot_compile((args, kwargs))
     if compiled._artifacts.original_code is not fn.__code__:
         raise ValueError("torch traced a wrapper around the function, whose closure cannot be given back")
-    return StoredCapture(compiled, fn)
+    stored = compiled._artifacts.compiled_fn
+    return StoredCapture(compiled, fn, stored.token, stored.fn)
 
 
-def load(data: bytes, fn: Callable, rebuild: Callable[[bytes], Callable]) -> StoredCapture:
+def load(data: bytes, fn: Callable) -> StoredCapture:
     """A stored capture of ``fn`` (the function :func:`capture` was given, made again by this
-    process: its closure is used). ``rebuild(token)`` gives the compiled graph back. Raises
-    ``ValueError`` naming what no longer matches (a changed source, another torch)."""
+    process: its closure is used), to :meth:`~StoredCapture.bind` to the graph its ``token``
+    finds. Raises ``ValueError`` naming what no longer matches (a changed source, another torch)."""
     from torch._dynamo.aot_compile import AOTCompiledFunction, AOTCompileUnpickler, CompileArtifacts
     from torch._dynamo.package import SerializedCode, load_guard_manager, load_guards_state
 
@@ -245,7 +257,7 @@ def load(data: bytes, fn: Callable, rebuild: Callable[[bytes], Callable]) -> Sto
     env = state["runtime_env"]
     state["runtime_env"] = env = dataclasses.replace(env, bytecode=SerializedCode.to_code_object(env.bytecode))
     _, token = state["compiled_fn"]
-    state["compiled_fn"] = _stored_graph_class()(rebuild(token), token)
+    state["compiled_fn"] = _stored_graph_class()(None, token)
     state["original_code"] = SerializedCode.to_code_object(state["original_code"])
     f_locals = {name: cell.cell_contents for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ())}
     guards = load_guards_state(state["guards_state"])
@@ -262,7 +274,7 @@ def load(data: bytes, fn: Callable, rebuild: Callable[[bytes], Callable]) -> Sto
     runtime_globals = {**fn.__globals__, **env.used_globals}
     state["guard_manager"] = load_guard_manager(guards, state["original_code"], runtime_globals)
     artifacts = CompileArtifacts(**state)
-    return StoredCapture(AOTCompiledFunction(_artifacts=artifacts, _extra_globals=fn.__globals__), fn)
+    return StoredCapture(AOTCompiledFunction(_artifacts=artifacts, _extra_globals=fn.__globals__), fn, token, None)
 
 
 def unsupported_capture_errors() -> tuple[type, ...]:
