@@ -13,8 +13,10 @@ Inputs:
 - every other input is copied into a static buffer the graph reads (skipped when the caller
   passes that buffer itself), and an input the graph writes to is copied back after the replay.
 
-Outputs are cloned by default. With ``clone_outputs: false`` the caller receives the graph's own
-output buffers, which the next call of the same graph overwrites (the report says so).
+Outputs are cloned by default. With ``clone_outputs: false`` (torch's reduce-overhead contract) the
+caller receives aliases of the graph's own output buffers, valid until the graph replays again;
+then what the caller still holds of them raises on access, naming the graph
+(:mod:`passes.cudagraph_outputs`). Such a graph records into a memory pool of its own.
 
 A graph with symbolic sizes is recorded once per size it is called at: a :class:`SizedCudaGraphs`
 keeps one runner per set of values of the symbolic sizes, up to ``max_sizes`` (calls at further
@@ -55,6 +57,7 @@ import torch.fx
 
 from pipeline import Metric, Outcome, Pass, PassContext, compat, get_logger, option, positive
 from pipeline.errors import PipelineError
+from passes.cudagraph_outputs import HandOuts, supported as handouts_supported
 from passes.kernel_ir.groups import meta_of
 from pipeline.ir import is_static_input
 from pipeline.options import unstructure
@@ -79,8 +82,9 @@ def _roles_known(values: list[str]) -> str | None:
 @attrs.frozen
 class CudaGraphsOptions:
     clone_outputs: bool = option(
-        True, "Return copies of the graph's outputs. Off: return the recorded output buffers themselves, "
-              "which the next call of the same graph overwrites (no copy per call).")
+        True, "Return copies of the graph's outputs. Off (torch's reduce-overhead contract): return aliases "
+              "of the recorded output buffers, valid until the same graph replays again; reading one "
+              "after that raises, naming the graph. Not for training graphs (gradients are kept).")
     required: bool = option(
         False, "A graph that cannot be recorded is an error (naming the reason) instead of running "
                "without CUDA graphs.")
@@ -192,7 +196,7 @@ class CudaGraphRunner:
     """Runs one graph by replaying its CUDA-graph recording (see the module docstring)."""
 
     def __init__(self, graph: torch.fx.GraphModule, options: CudaGraphsOptions, context: PassContext,
-                 mutated: list[int]):
+                 mutated: list[int], handouts: HandOuts | None = None):
         self.graph = graph
         self.options = options
         self.context = context
@@ -211,6 +215,8 @@ class CudaGraphRunner:
         lends = (context.role == "forward" and context.forward_outputs is not None
                  and options.clone_outputs and _use_count is not None)
         self.lend_from = context.forward_outputs if lends else None
+        hands_out = not options.clone_outputs and handouts_supported()
+        self.handouts = (handouts or HandOuts(context.graph_id)) if hands_out else None
 
     @property
     def __name__(self) -> str:
@@ -262,6 +268,8 @@ class CudaGraphRunner:
                 return self._unreplayed(args, "the saved tensors this graph lent on its previous call are "
                                               "still referenced (a second forward before the first one's "
                                               "backward, or retain_graph)")
+        if self.handouts is not None:
+            self.handouts.invalidate()
         for index, buffer in self.buffers.items():
             source = args[index]
             if source.data_ptr() != buffer.data_ptr():
@@ -271,6 +279,8 @@ class CudaGraphRunner:
             if index in self.buffers and args[index].data_ptr() != self.buffers[index].data_ptr():
                 args[index].copy_(self.buffers[index])
         self.replays += 1
+        if self.handouts is not None:
+            return self.handouts.hand_out(self.outputs, self.returns)
         if not self.options.clone_outputs:
             return self.outputs
         return tuple(clone_output(o) if how == "clone" else o.detach() if how == "lend" else o
@@ -316,7 +326,8 @@ class CudaGraphRunner:
             replay_args = [self.buffers.get(i, a) for i, a in enumerate(args)]
             recording = torch.cuda.CUDAGraph()
             try:
-                with torch.cuda.graph(recording, pool=shared_pool(device.index or 0)):
+                pool = self.handouts.pool() if self.handouts is not None else shared_pool(device.index or 0)
+                with torch.cuda.graph(recording, pool=pool):
                     outputs = self.graph(*replay_args)
             except Exception as exc:  # noqa: BLE001 - any failure to record is a recorded reason
                 torch.cuda.synchronize(device)
@@ -328,7 +339,8 @@ class CudaGraphRunner:
                           + (f", {len(self.borrowed)} lent buffer(s) read in place" if self.borrowed else "")
                           + (f", {self.returns.count('lend')} saved output(s) lent" if self.lent else "")
                           + ("" if self.options.clone_outputs else
-                             "; outputs are the recorded buffers, overwritten by the next call"), topic="cudagraphs")
+                             "; outputs are aliases of the recorded buffers, overwritten by the next call"
+                             + (" (then unreadable)" if self.handouts is not None else "")), topic="cudagraphs")
         if not self.lent:
             return result
         # This call's result comes from the warm-up run; the saved tensors go out in the lent buffers
@@ -340,7 +352,9 @@ class CudaGraphRunner:
 
     def _plan_returns(self, args: tuple) -> None:
         """How each output is returned: saved tensors of a lending forward are lent (those in the
-        graph's own memory are checked before each replay), other tensors are cloned."""
+        graph's own memory are checked before each replay); with hand-outs, tensors in the graph's
+        memory are handed out and those in a parameter's are returned as they are; other tensors
+        are cloned."""
         for pointer in [p for p, owner in _lent.items() if owner() in (None, self)]:
             del _lent[pointer]
         static = {args[i].untyped_storage().data_ptr() for i in self.static}
@@ -348,6 +362,8 @@ class CudaGraphRunner:
         for index, value in enumerate(self.outputs):
             if not isinstance(value, torch.Tensor):
                 returns.append("as is")
+            elif self.handouts is not None:
+                returns.append("as is" if value.untyped_storage().data_ptr() in static else "hand out")
             elif self.lend_from is None or index < self.lend_from:
                 returns.append("clone")
             else:
@@ -373,7 +389,7 @@ class CudaGraphs(Pass):
 
     name = "cudagraphs"
     Options = CudaGraphsOptions
-    version = "4"
+    version = "5"
 
     def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
         reason = static_skip_reason(graph, context, tuple(self.options.roles))
@@ -424,6 +440,7 @@ class SizedCudaGraphs:
         self.mutated = mutated
         self.sized = sized
         self.runners: dict[tuple, CudaGraphRunner] = {}
+        self.handouts = HandOuts(context.graph_id)     # shared by the sizes' runners when they hand out
         self.over_limit = 0
         self._lock = threading.Lock()
 
@@ -466,7 +483,7 @@ class SizedCudaGraphs:
                                               f"sizes: further sizes run without CUDA graphs", topic="cudagraphs")
                         self.over_limit += 1
                         return self.graph(*args)
-                    runner = CudaGraphRunner(self.graph, self.options, self.context, self.mutated)
+                    runner = CudaGraphRunner(self.graph, self.options, self.context, self.mutated, self.handouts)
                     self.runners[key] = runner
                     self.context.note(f"size {len(self.runners)} of at most {self.options.max_sizes} recorded: "
                                       f"{_spelled_key(key)}", topic="cudagraphs")

@@ -1,6 +1,6 @@
 """The ``cudagraphs`` pass: recorded reasons when a graph cannot be recorded (CPU, always run),
 and on a GPU: replays match eager, parameters are used in place, inputs are copied, and outputs
-survive the next call unless the plan opts out."""
+are cloned or handed out under torch's reduce-overhead contract."""
 from __future__ import annotations
 
 import pytest
@@ -94,9 +94,9 @@ def test_a_graph_with_symbolic_sizes_is_recorded_once_per_size_up_to_the_limit()
 
 
 @needs_cuda
-def test_outputs_are_not_overwritten_by_the_next_call():
+def test_cloned_outputs_are_not_overwritten_by_the_next_call():
     model = mlp().cuda()
-    compiled = compile_with_plan(model, "reduce-overhead")
+    compiled = compile_with_plan(model, "reduce-overhead", options={"cudagraphs": {"clone_outputs": True}})
     with torch.no_grad():
         compiled(torch.randn(8, 32, device="cuda"))          # first call records
         a_in, b_in = torch.randn(8, 32, device="cuda"), torch.randn(8, 32, device="cuda")
@@ -107,17 +107,63 @@ def test_outputs_are_not_overwritten_by_the_next_call():
 
 
 @needs_cuda
-def test_without_cloning_the_next_call_overwrites_the_outputs():
+def test_reduce_overhead_outputs_are_valid_until_the_next_call_then_unreadable():
+    """torch's reduce-overhead contract: no copy per call; what an earlier call returned (and any
+    view of it) raises on access once the graph replays again, naming the graph."""
     model = mlp().cuda()
-    compiled = compile_with_plan(model, "reduce-overhead", options={"cudagraphs": {"clone_outputs": False}})
+    compiled = compile_with_plan(model, "reduce-overhead")
     with torch.no_grad():
-        compiled(torch.randn(8, 32, device="cuda"))
-        a = compiled(torch.randn(8, 32, device="cuda"))
-        b_in = torch.randn(8, 32, device="cuda")
+        compiled(torch.randn(8, 32, device="cuda"))          # first call records
+        a_in, b_in = torch.randn(8, 32, device="cuda"), torch.randn(8, 32, device="cuda")
+        a = compiled(a_in)
+        row = a[3]
+        assert compare(model(a_in), a) is None
         b = compiled(b_in)
-        assert a.data_ptr() == b.data_ptr()
-        assert compare(model(b_in), a) is None
-    assert any("overwritten by the next call" in n for n in cudagraph_notes(compiled))
+        assert compare(model(b_in), b) is None
+        b_pointer = b.data_ptr()
+        for stale in (a, row):
+            with pytest.raises(RuntimeError, match="overwritten by a later call of the same graph"):
+                stale.sum().item()
+        c_in = torch.randn(8, 32, device="cuda")
+        c = compiled(c_in)
+        assert compare(model(c_in), c) is None and c.data_ptr() == b_pointer
+        with pytest.raises(RuntimeError, match="overwritten"):
+            b.sum().item()
+    assert any("overwritten by the next call (then unreadable)" in n for n in cudagraph_notes(compiled))
+
+
+@needs_cuda
+def test_handed_out_outputs_of_one_graph_survive_another_graphs_replays():
+    """Each graph that hands its outputs out records into a pool of its own: replaying one model's
+    graph never writes into what another's returned."""
+    first, second = mlp().cuda(), mlp().cuda()
+    ours_first = compile_with_plan(first, "reduce-overhead")
+    ours_second = compile_with_plan(second, "reduce-overhead")
+    with torch.no_grad():
+        for _ in range(2):
+            ours_first(torch.randn(8, 32, device="cuda"))
+            ours_second(torch.randn(8, 32, device="cuda"))
+        x = torch.randn(8, 32, device="cuda")
+        kept = ours_first(x)
+        for _ in range(3):
+            ours_second(torch.randn(8, 32, device="cuda"))
+        assert compare(first(x), kept) is None
+
+
+@needs_cuda
+def test_outputs_of_a_graph_recorded_per_size_are_unreadable_after_any_size_replays():
+    model = mlp().cuda()
+    plan = {"extends": "reduce-overhead", "options": {"capture": {"dynamic": True}}}
+    compiled = compile_with_plan(model, plan)
+    with torch.no_grad():
+        for batch in (4, 8, 4, 8):
+            compiled(torch.randn(batch, 32, device="cuda"))
+        x4 = torch.randn(4, 32, device="cuda")
+        a = compiled(x4)
+        assert compare(model(x4), a) is None
+        compiled(torch.randn(8, 32, device="cuda"))
+        with pytest.raises(RuntimeError, match="overwritten"):
+            a.sum().item()
 
 
 @needs_cuda

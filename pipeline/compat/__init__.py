@@ -458,3 +458,36 @@ def storage_use_count() -> Callable | None:
     if counter is None:
         return None
     return lambda storage: counter(storage._cdata)
+
+
+class StorageHandout:
+    """Storages that alias another storage's memory without owning it, handed to callers and later
+    made unreadable (what CUDA-graph trees do with the outputs of a replay the next one overwrites):
+    reading through an invalidated storage, or any view of it, raises with the given message.
+    Through torch's private entry points; :func:`storage_handout` is None where they are missing."""
+
+    def __init__(self, construct: Callable, invalidate: Callable):
+        self._construct, self._invalidate = construct, invalidate
+
+    def alias(self, storage: torch.UntypedStorage) -> tuple[torch.UntypedStorage, Any]:
+        """A new storage on ``storage``'s memory, and a weak reference to it for :meth:`invalidate`."""
+        from torch.multiprocessing.reductions import StorageWeakRef
+        alias = self._construct(storage.data_ptr(), storage.device, storage.nbytes())
+        return alias, StorageWeakRef(alias)
+
+    def invalidate(self, ref: Any, message: str) -> bool:
+        """Make the storage behind ``ref`` unreadable if something still holds it (True then)."""
+        if ref.expired():
+            return False
+        self._invalidate(ref.cdata, message)
+        return True
+
+
+def storage_handout() -> StorageHandout | None:
+    """A :class:`StorageHandout`, or None when this torch lacks the entry points (CPU-only builds
+    lack the invalidation)."""
+    construct = getattr(torch._C, "_construct_storage_from_data_pointer", None)
+    invalidate = getattr(torch._C, "_set_storage_data_ptr_access_error_msg", None)
+    if construct is None or invalidate is None:
+        return None
+    return StorageHandout(construct, invalidate)
