@@ -610,3 +610,50 @@ def test_unit_reshapes_of_inputs_read_by_a_kernel_preserve_semantics(shape, rank
     x, v = torch.randn(domain), torch.randn(shape)
     record = compiled_record(fn, x, v, plan="default")
     assert "aten_view" not in record.final_code
+
+
+def test_a_split_elementwise_result_is_computed_in_each_pieces_kernel():
+    """where(mask, 0, y) split into SwiGLU halves (a mixture-of-experts layer's pattern): each half
+    computes the where itself, so one kernel reads y's halves and nothing writes the whole where."""
+    def swiglu_of_masked(x, w, mask):
+        y = torch.where(mask.unsqueeze(-1), 0.0, x @ w)
+        gate, up = y.split([w.shape[1] // 2] * 2, dim=-1)
+        return torch.nn.functional.silu(gate) * up
+
+    args = (torch.randn(12, 16), torch.randn(16, 24), torch.rand(12) > 0.5)
+    record = compiled_record(swiglu_of_masked, *args)
+    assert record.kernels == 1
+    assert any("computed per slice of their result" in n["message"] for n in record.notes)
+    torch._dynamo.reset()
+    plan = {"extends": "cpu-inference", "options": {"fuse": {"split_elementwise": False}}}
+    assert compiled_record(swiglu_of_masked, *args, plan=plan).kernels == 2
+
+
+@settings(deadline=None, max_examples=30, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(1, 4), st.integers(2, 9), st.integers(-2, 1), st.sampled_from(["split", "chunk", "slice", "narrow"]),
+       st.sampled_from(["full", "row", "column", "scalar"]), st.booleans())
+def test_slices_of_elementwise_chains_preserve_semantics(rows, cols, dim, how, other, extern_piece):
+    """Random elementwise chains whose result is sliced (split, chunk, step-1 slices, narrow)
+    along either axis, with a second operand that is full-size (sliced too), broadcast along one
+    axis or a scalar, and sometimes a piece an extern call reads (the rewrite must leave it)."""
+    x = torch.randn(rows, cols)
+    y = {"full": torch.randn(rows, cols), "row": torch.randn(rows, 1), "column": torch.randn(1, cols),
+         "scalar": torch.tensor(0.25)}[other]
+
+    def f(x, y):
+        z = ((x * y).sigmoid() + y).exp().clamp(max=4.0)
+        size = z.shape[dim]
+        if how == "split":
+            pieces = z.split([size // 2, size - size // 2], dim)
+        elif how == "chunk":
+            pieces = z.chunk(2, dim)
+        elif how == "slice":
+            pieces = (z[:, 1:] if dim % 2 else z[1:], z[:, :-1] if dim % 2 else z[:-1])
+        else:
+            pieces = (z.narrow(dim, 0, 1), z.narrow(dim, size - 1, 1))
+        first = pieces[0] * 2 - 1
+        last = pieces[-1] @ torch.ones(pieces[-1].shape[-1], 3) if extern_piece else pieces[-1].tanh()
+        return first.sum(), last
+
+    torch._dynamo.reset()
+    compiled_record(f, x, y)

@@ -408,11 +408,9 @@ def _device_name(device: str) -> str:
 
 
 def _commit() -> str:
-    if os.environ.get("ZOO_COMMIT"):        # a copy of the tree without its .git (the GPU machine)
-        return os.environ["ZOO_COMMIT"]
+    from record import commit       # PIPELINE_COMMIT names the tree on a machine whose copy has an older history
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=HERE).stdout.strip() or "unknown"
+        return commit()
     except OSError:
         return "unknown"
 

@@ -33,6 +33,7 @@ from .legality import (Group, can_grow, classify, creates_cycle, independent_mer
                        merge_problem, shape_problem, sources_only)
 from .gathers import sink_gathers
 from .onehot import sum_one_hots
+from .slices import split_elementwise
 from .views import hoist_pads, move_views
 
 
@@ -44,6 +45,10 @@ class FuseOptions:
                                     "joins the kernel on the other side, and end pads above reshapes so "
                                     "they become a kernel's padded output (see passes/fuse/views.py).",
                             tune=(True, False))
+    split_elementwise: bool = option(True, "Compute slices (split, chunk, narrow) of an elementwise result as "
+                                           "the elementwise op on slices of its operands, so each piece's "
+                                           "kernel computes it and the whole result is not written (see "
+                                           "passes/fuse/slices.py).", tune=(True, False))
     horizontal: bool = option(True, "Horizontal fusion: merge sibling groups that read the same input where they "
                                     "meet again, and a reduction into the reduction group formed just before it "
                                     "when both iterate the same domain and neither depends on the other (one "
@@ -68,13 +73,17 @@ class Fuse(Pass):
 
     name = "fuse"
     Options = FuseOptions
-    version = "19"
+    version = "20"
     cache_material = rules.cache_material   # rules a plugin adds or replaces change the output
     requires = frozenset({"functional", "aten"})
     provides = frozenset({"fused"})
     Choices = FusionChoices
 
     def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
+        if self.options.split_elementwise:
+            split = split_elementwise(graph)
+            if split:
+                context.note(f"{split} elementwise node(s) computed per slice of their result", topic="fusion")
         if self.options.move_views:
             moved = move_views(graph) + hoist_pads(graph)
             if moved:
