@@ -31,28 +31,17 @@ from passes.kernel_ir.groups import meta_of
 from passes.kernel_ir.nodes import static_sizes
 
 from .legality import classify
-from .views import _remap
+from .views import LAYOUT_FREE, _remap, _rewrite
 
 aten = torch.ops.aten
 SPLITS = (aten.split.Tensor, aten.split_with_sizes.default)
-LAYOUT_FREE = (None, torch.preserve_format, torch.contiguous_format)
-MAX_ROUNDS = 8
 
 
 def split_elementwise(graph: torch.fx.GraphModule) -> int:
     """Rewrite slices of elementwise results in ``graph`` (in place) as above, in rounds until
     none applies; returns how many elementwise nodes were split. New nodes carry example values
     derived from the old ones; the caller re-traces the graph for exact ones."""
-    done = 0
-    for _ in range(MAX_ROUNDS):
-        changed = sum(_split(graph.graph, node) for node in list(graph.graph.nodes) if node.graph is graph.graph)
-        done += changed
-        if not changed:
-            break
-    if done:
-        graph.graph.eliminate_dead_code()
-        graph.recompile()
-    return done
+    return _rewrite(graph, (_split,))
 
 
 def _int(value) -> bool:
