@@ -30,6 +30,9 @@ class HandOuts:
 
     def __init__(self, graph_id: str):
         self.graph_id = graph_id
+        self.message = (f"this tensor is an output of CUDA-graph replay of graph {graph_id}, overwritten "
+                        "by a later call of the same graph (cudagraphs: {clone_outputs: false}, as torch's "
+                        "mode='reduce-overhead'): clone it before calling again, or use clone_outputs: true")
         self.refs: list = []
         self._pool: Any = None
         self._lock = threading.Lock()
@@ -45,10 +48,7 @@ class HandOuts:
         """Before a replay: make what earlier calls handed out and the caller still holds
         unreadable. Returns how many storages were still held."""
         refs, self.refs = self.refs, []
-        message = (f"this tensor is an output of CUDA-graph replay of graph {self.graph_id}, overwritten "
-                   "by a later call of the same graph (cudagraphs: {clone_outputs: false}, as torch's "
-                   "mode='reduce-overhead'): clone it before calling again, or use clone_outputs: true")
-        return sum(_support.invalidate(ref, message) for ref in refs)
+        return sum(_support.invalidate(ref, self.message) for ref in refs)
 
     def hand_out(self, outputs: tuple, returns: tuple) -> tuple:
         """This call's outputs: each ``"hand out"`` output as a tensor on a new storage aliasing its

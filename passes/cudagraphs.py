@@ -440,7 +440,8 @@ class SizedCudaGraphs:
         self.mutated = mutated
         self.sized = sized
         self.runners: dict[tuple, CudaGraphRunner] = {}
-        self.handouts = HandOuts(context.graph_id)     # shared by the sizes' runners when they hand out
+        # What the sizes' runners hand out, shared (one pool; a replay at any size invalidates all).
+        self.handouts = None if options.clone_outputs else HandOuts(context.graph_id)
         self.over_limit = 0
         self._lock = threading.Lock()
 

@@ -467,13 +467,13 @@ class StorageHandout:
     Through torch's private entry points; :func:`storage_handout` is None where they are missing."""
 
     def __init__(self, construct: Callable, invalidate: Callable):
-        self._construct, self._invalidate = construct, invalidate
+        from torch.multiprocessing.reductions import StorageWeakRef
+        self._construct, self._invalidate, self._weak_ref = construct, invalidate, StorageWeakRef
 
     def alias(self, storage: torch.UntypedStorage) -> tuple[torch.UntypedStorage, Any]:
         """A new storage on ``storage``'s memory, and a weak reference to it for :meth:`invalidate`."""
-        from torch.multiprocessing.reductions import StorageWeakRef
         alias = self._construct(storage.data_ptr(), storage.device, storage.nbytes())
-        return alias, StorageWeakRef(alias)
+        return alias, self._weak_ref(alias)
 
     def invalidate(self, ref: Any, message: str) -> bool:
         """Make the storage behind ``ref`` unreadable if something still holds it (True then)."""
