@@ -21,16 +21,17 @@ import attrs
 import torch
 import torch.fx
 
-from pipeline import Pass, PassContext, device_types, option, positive
+from pipeline import Pass, PassContext, device_types, non_negative, option, positive
 from pipeline import compat
-from passes.kernel_ir.groups import FusedGroup, end_padding, meta_of, reduction_axes
+from passes.kernel_ir.groups import FusedGroup, end_padding, input_padding, meta_of, reduction_axes
 from passes.kernel_ir import rules
 
 from .canonicalize import FUSION_DECOMPOSITIONS, fold_lone_scalar_fills, split_shared_sources, without_conv_bias
 from .choices import FusionChoices
 from .dependencies import Dependencies
-from .legality import (Group, can_grow, classify, creates_cycle, independent_merge_problem, input_reshape_problem,
-                       merge_problem, shape_problem, sources_only)
+from .legality import (Group, can_grow, classify, creates_cycle, independent_merge_problem, input_pad_problem,
+                       input_reshape_problem, merge_problem, shape_problem, sources_only)
+from .cats import pointwise_cats
 from .gathers import sink_gathers
 from .onehot import sum_one_hots
 from .slices import split_elementwise
@@ -60,6 +61,10 @@ class FuseOptions:
                                       "f(gather(x, dim, index)) when f's other operands are constant along "
                                       "dim, so the full f(x) is not written (cross-entropy's log-probabilities; "
                                       "see passes/fuse/gathers.py).")
+    max_cat_inputs: int = option(4, "Concatenations of at most this many pieces become a select over the pieces "
+                                    "placed at their offsets, read by the kernel that consumes the cat (masked "
+                                    "loads), so the concatenated tensor is never written; 0 keeps every cat an "
+                                    "ATen call (see passes/fuse/cats.py).", check=non_negative, tune=(0, 4))
     conv_bias_apart: list[str] = option(
         ["cuda"], "Devices on which a convolution's bias is added by the kernel that reads the convolution "
                   "(the convolution runs without it): ATen's CUDA convolution adds a bias in a kernel of its "
@@ -73,7 +78,7 @@ class Fuse(Pass):
 
     name = "fuse"
     Options = FuseOptions
-    version = "20"
+    version = "21"
     cache_material = rules.cache_material   # rules a plugin adds or replaces change the output
     requires = frozenset({"functional", "aten"})
     provides = frozenset({"fused"})
@@ -93,6 +98,10 @@ class Fuse(Pass):
             if sunk:
                 context.note(f"{sunk} gather(s) of elementwise results now gather before computing",
                              topic="fusion")
+        if self.options.max_cat_inputs:
+            cats = pointwise_cats(graph, self.options.max_cat_inputs)
+            if cats:
+                context.note(f"{cats} cat(s) computed as selects over their placed pieces", topic="fusion")
         with torch.no_grad():
             decompositions = FUSION_DECOMPOSITIONS
             if self.options.conv_bias_apart:
@@ -121,7 +130,8 @@ class Fuse(Pass):
             context.note("no fusable nodes", topic="fusion")
             return graph
         if absorbed:
-            context.note(f"{absorbed} reshape(s) of kernel inputs read as the kernels' access patterns", topic="fusion")
+            context.note(f"{absorbed} reshape(s) or pad(s) of kernel inputs read as the kernels' access patterns",
+                         topic="fusion")
         context.note(f"{len(kept)} fused group(s) from "
                      f"{sum(len(g.nodes) for g in kept)} nodes", topic="fusion")
         graph = rebuild(graph, kept)
@@ -240,19 +250,21 @@ def _absorb(target: Group, other: Group, group_of: dict, depends_on: Dependencie
 def absorb_input_reshapes(graph: torch.fx.GraphModule, groups: list[Group]) -> int:
     """Move into its group each unit reshape outside every group whose users are all in that one
     group (a batch norm's per-channel ``view(weight, [C, 1, 1])``): the kernel then reads the
-    reshape's input through the reshape's layout, and the host code makes no view for it. Returns
-    how many moved."""
+    reshape's input through the reshape's layout, and the host code makes no view for it. Pads of
+    a value from outside (:func:`~passes.kernel_ir.nodes.input_padding`) join their users' group
+    the same way: the kernel reads the value with a masked, shifted load. Returns how many moved."""
     group_of = {n: g for g in groups for n in g.nodes}
     order = {n: i for i, n in enumerate(graph.graph.nodes)}
     moved = 0
     for node in reversed(graph.graph.nodes):     # a chain of reshapes joins from its last one up
-        if node in group_of or classify(node)[0] != "reshape" or not node.users:
+        pad = input_padding(node) is not None
+        if node in group_of or not (pad or classify(node)[0] == "reshape") or not node.users:
             continue
         owners = {group_of.get(user) for user in node.users}
         if len(owners) != 1 or None in owners:
             continue
         group = owners.pop()
-        if input_reshape_problem(group, node) is None:
+        if (input_pad_problem if pad else input_reshape_problem)(group, node) is None:
             group.nodes = sorted(group.nodes + [node], key=order.__getitem__)
             group.members.add(node)
             group_of[node] = group

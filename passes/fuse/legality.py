@@ -153,6 +153,21 @@ def input_reshape_problem(group: Group, node: torch.fx.Node) -> str | None:
     return why if levels is None else stranded_broadcast(levels, tuple(group.domain), tuple(group.reduced))
 
 
+def input_pad_problem(group: Group, node: torch.fx.Node) -> str | None:
+    """Why the pad ``node`` of a value from outside ``group``, read only by the group, cannot join
+    it as a masked, shifted load of that value (see :func:`passes.kernel_ir.groups.node_level`), or None."""
+    source = node.args[0]
+    if not isinstance(source, torch.fx.Node) or source in group.members:
+        return "it pads a value of the group"
+    value = meta_of(source)
+    if not isinstance(value, torch.Tensor) or value.device != group.device or value.dtype != meta_of(node).dtype:
+        return "another device or dtype"
+    order = {n: i for i, n in enumerate(node.graph.nodes)}
+    levels, why = group_levels(sorted(group.nodes + [node], key=order.__getitem__), tuple(group.domain),
+                               tuple(group.reduced))
+    return why if levels is None else None
+
+
 def _reshapes_member_ramp(group: Group, node: torch.fx.Node) -> bool:
     """A reshape of an index ramp computed in the group is itself a ramp (computed from the loop
     indices, so it needs no eager broadcasting to line up)."""

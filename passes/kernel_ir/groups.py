@@ -18,8 +18,8 @@ import torch.fx
 from . import rules
 from .symbolic import parse, size_data
 # Node facts live in .nodes; they are re-exported here, where plugins have always read them.
-from .nodes import (CONSTANTS, FLOAT_TYPES, IOTAS, PAD, REDUCTIONS, SOURCES, UNIT_RESHAPES, meta_of,  # noqa: F401
-                    packet_name, promoted_dtype, shape_of, value_dtype)
+from .nodes import (CONSTANTS, FLOAT_TYPES, IOTAS, PAD, REDUCTIONS, SOURCES, UNIT_RESHAPES, input_padding,  # noqa: F401
+                    meta_of, packet_name, promoted_dtype, shape_of, value_dtype)
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -50,6 +50,12 @@ def end_padding(node: torch.fx.Node) -> tuple[list[tuple[int, int, int]], Any] |
     regions = [(source.dim() - 1 - k, int(source.shape[source.dim() - 1 - k]), pad[2 * k + 1])
                for k in range(len(pad) // 2) if pad[2 * k + 1]]
     return regions, value
+
+
+def pads_inputs(group: "FusedGroup") -> bool:
+    """True when ``group`` reads one of its inputs through a pad (:func:`~.nodes.input_padding`)."""
+    return any(n.op == "call_function" and packet_name(n.target) == PAD and n.args[0].op == "placeholder"
+               for n in group.subgraph.graph.nodes)
 
 
 def _pad_arguments(node: torch.fx.Node) -> tuple[list, Any]:
@@ -253,6 +259,8 @@ def node_level(node: torch.fx.Node, levels: dict, domain: tuple, reduced: tuple[
     shape = shape_of(node)
     if packet_name(node.target) == PAD:
         source = node.args[0]
+        if source not in levels:
+            return _input_pad_level(node, shape, domain, reduced)
         if end_padding(node) is None or levels.get(source) != "full" or shape_of(source) != tuple(domain):
             return None, "pads something other than a full-domain value of the group at its end"
         return "full", ""
@@ -276,6 +284,22 @@ def node_level(node: torch.fx.Node, levels: dict, domain: tuple, reduced: tuple[
     for arg in node.all_input_nodes:
         if levels.get(arg) == "outer" and not _lines_up(shape_of(arg), domain, reduced):
             return None, f"reads reduced value {arg.name} of shape {shape_of(arg)} broadcast along other axes"
+    return "full", ""
+
+
+def _input_pad_level(node: torch.fx.Node, shape: tuple, domain: tuple, reduced: tuple) -> tuple[str | None, str]:
+    """The level of a pad of a group input (:func:`~.nodes.input_padding`): full, in pointwise
+    groups, when it lines up with the domain along every padded dim."""
+    padding = input_padding(node)
+    if padding is None:
+        return None, "pads an input with symbolic or negative padding"
+    if reduced:
+        return None, "pads an input of a reduction (only pointwise kernels read padded inputs)"
+    if not broadcasts_to(shape, domain):
+        return None, f"shape {shape} does not broadcast to the group's domain {tuple(domain)}"
+    offset = len(domain) - len(shape)
+    if any(shape[dim] != domain[offset + dim] for dim, _, _ in padding[0]):
+        return None, "a padded dim is broadcast over the domain"
     return "full", ""
 
 
@@ -365,8 +389,9 @@ class CompiledKernel:
     def writes_inputs_safely(self) -> bool:
         """True when an output of this kernel may be written into one of its inputs (same shape,
         strides and dtype as the output, both covering the whole domain): a pointwise kernel of a
-        backend that loads an element before storing to the same index."""
-        return self.in_place_capable and self.group.kind == "pointwise"
+        backend that loads an element before storing to the same index (a padded input is read at
+        other indices, so a kernel that pads one never writes into its inputs)."""
+        return self.in_place_capable and self.group.kind == "pointwise" and not pads_inputs(self.group)
 
     @property
     def __name__(self) -> str:

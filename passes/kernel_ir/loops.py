@@ -12,7 +12,7 @@ import attrs
 import torch
 import torch.fx
 
-from .nodes import known_sizes, shape_of, strides_of
+from .nodes import input_padding, known_sizes, shape_of, strides_of
 from .symbolic import Decisions, active, has_dims, sizes
 from .groups import (REDUCTIONS, UNIT_RESHAPES, FusedGroup, broadcasts_to, end_padding, group_levels, iota_of,
                     meta_of, outer_axis_map, packet_name)
@@ -24,9 +24,14 @@ class UnsupportedGroup(Exception):
 
 @attrs.frozen
 class Access:
-    """How one tensor is addressed: element strides per loop axis (0 = broadcast)."""
+    """How one tensor is addressed: element strides per loop axis (0 = broadcast). A padded input
+    (:func:`~.nodes.input_padding`) is read at ``shift`` elements from there, only where every
+    ``(loop axis, lo, hi)`` of ``bounds`` holds ``lo <= i<axis> < hi``; elsewhere it is ``fill``."""
 
     strides: tuple[int, ...]
+    shift: int = 0
+    bounds: tuple[tuple[int, int, int], ...] = ()
+    fill: int | float | bool = 0
 
 
 @attrs.frozen
@@ -122,6 +127,7 @@ def analyze(group: FusedGroup) -> LoopNest:
             pass_of[node] = max(deps) if deps else 0
     passes = max([pass_of[n] for n in nodes if level[n] == "full"] + [0]) + 1
     raw_loads: dict = {}
+    padded: dict = {}       # (placeholder, pad node) -> (shift, [(domain axis, lo, hi)], fill)
     for node in nodes:
         reads_full = packet_name(node.target) in REDUCTIONS or level[node] == "full"
         consumer_shape = None if reads_full else shape_of(node)
@@ -138,6 +144,9 @@ def analyze(group: FusedGroup) -> LoopNest:
             if not (known_sizes(shape) and known_sizes(strides)):
                 raise UnsupportedGroup(f"input {arg.name} has dynamic shape or strides")
             raw_loads[(arg, node)] = _strides_for(shape, strides, consumer_shape, domain, reduced)
+            padding = input_padding(node)
+            if padding is not None:
+                padded[(arg, node)] = _padded_read(padding, shape, raw_loads[(arg, node)], domain)
     raw_outputs = []
     for out in output_node.args[0]:
         shape, strides = shape_of(out), strides_of(out)
@@ -148,15 +157,35 @@ def analyze(group: FusedGroup) -> LoopNest:
             raise UnsupportedGroup(f"output {out.name} is broadcast to the domain; it would be written repeatedly")
         raw_outputs.append((out, _strides_for(shape, strides, consumer_shape, domain, reduced)))
     pinned = {a for a in ramp_axes.values() if a is not None}
+    pinned |= {axis for _, bounds, _ in padded.values() for axis, _, _ in bounds}
     loop_sizes, red, loads, outputs, origin = _merge_axes(list(domain), reduced, raw_loads, raw_outputs, pinned)
     ramps = {}
     for node, axis in ramp_axes.items():
         ramp = iota_of(node)
         ramps[node] = Ramp(ramp.start, ramp.step, None if axis is None else origin.index(axis))
+    accesses = {k: Access(tuple(v)) for k, v in loads.items()}
+    for key, (shift, bounds, fill) in padded.items():
+        if any(axis not in origin for axis, _, _ in bounds):
+            raise UnsupportedGroup(f"{key[1].name} pads an axis of size 1")
+        accesses[key] = Access(tuple(loads[key]), shift, tuple((origin.index(a), lo, hi) for a, lo, hi in bounds), fill)
     return LoopNest(group=group, sizes=tuple(loop_sizes), reduced=tuple(red), nodes=nodes, level=level,
-                    pass_of=pass_of, loads={k: Access(tuple(v)) for k, v in loads.items()},
+                    pass_of=pass_of, loads=accesses,
                     outputs=[(n, Access(tuple(s))) for n, s in outputs], passes=passes, ramps=ramps,
                     decisions=active() if has_dims((loop_sizes, list(loads.values()), outputs)) else None)
+
+
+def _padded_read(padding: tuple, shape: tuple, strides: list, domain: tuple) -> tuple[int, list, object]:
+    """``(shift, [(domain axis, lo, hi)], fill)`` of an input of ``shape`` read through the pad
+    ``padding`` (:func:`~.nodes.input_padding`), with ``strides`` its element strides over the
+    domain: element ``i`` along a padded dim is the source's ``i - before``."""
+    regions, fill = padding
+    offset = len(domain) - len(shape)
+    shift, bounds = 0, []
+    for dim, before, size in regions:
+        axis = offset + dim
+        shift -= before * strides[axis]
+        bounds.append((axis, before, before + size))
+    return shift, bounds, fill
 
 
 def _ramp_domain_axis(node: torch.fx.Node, level: str, domain: tuple, reduced: tuple):

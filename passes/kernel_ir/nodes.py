@@ -44,6 +44,32 @@ SOURCES = CONSTANTS | IOTAS
 PAD = "aten.constant_pad_nd"
 
 
+def input_padding(node: torch.fx.Node) -> tuple[list[tuple[int, int, int]], Any] | None:
+    """``([(dim, before, size), ...], value)`` when ``node`` is a ``constant_pad_nd`` with static,
+    non-negative padding of a tensor whose padded dims have static sizes: along ``dim`` the
+    result holds the source's ``size`` elements from ``before`` on and ``value`` elsewhere.
+    A group reads such a pad of one of its inputs as a masked load at a shifted address (a
+    concatenation rewritten by ``fuse`` reads its pieces so); None for anything else, and for a
+    source of symbolic shape."""
+    if node.op != "call_function" or packet_name(node.target) != PAD:
+        return None
+    source = meta_of(node.args[0])
+    pad = list(node.args[1])
+    value = node.args[2] if len(node.args) > 2 else node.kwargs.get("value", 0)
+    if not isinstance(source, torch.Tensor) or len(pad) % 2 or len(pad) // 2 > source.dim():
+        return None
+    if not all(type(p) is int and p >= 0 for p in pad) or not isinstance(value, (int, float, bool)):
+        return None
+    if not static_sizes(source.shape):
+        return None
+    regions = []
+    for k in range(len(pad) // 2):
+        dim = source.dim() - 1 - k
+        if pad[2 * k] or pad[2 * k + 1]:
+            regions.append((dim, pad[2 * k], source.shape[dim]))
+    return regions, value
+
+
 def packet_name(target: Any) -> str:
     """``aten.add`` for ``aten.add.Tensor`` (the name tables above use)."""
     if isinstance(target, torch._ops.OpOverload):

@@ -26,6 +26,15 @@ def as_fake(values: list, fake_mode=None) -> list:
             for v in values]
 
 
+def example_value(node: torch.fx.Node) -> Any:
+    """What a new ``call_function`` node computes, from its arguments' example values
+    (``meta['val']``), in their fake mode: the example value a rewrite gives a node it adds."""
+    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+    mode = fake_mode_of(torch.utils._pytree.tree_leaves((args, kwargs)))
+    with mode if mode is not None else contextlib.nullcontext():
+        return node.target(*args, **kwargs)
+
+
 def backend_inputs(gm: torch.fx.GraphModule, example_inputs: list) -> list:
     """The example inputs a Dynamo backend should trace ``gm`` with: tensors as fakes of the
     backend's fake mode (their symbolic sizes kept), and each size placeholder as the symbol

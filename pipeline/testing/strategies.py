@@ -4,8 +4,8 @@ A drawn :class:`GraphCase` is a torch-level ``fx.GraphModule`` (what capture han
 plus the specs of its inputs; ``case.make_inputs(seed)`` gives fresh random tensors (never zeros).
 Graphs mix pointwise ops with broadcasting, reductions (sum, mean, amax, amin, var, argmax,
 softmax, safe softmax, log_softmax, layer norm, vector norms), views (permute, transpose, reshape,
-unsqueeze, expand, narrow), permuted (non-contiguous) inputs, constants, several dtypes, and
-optionally in-place updates.
+unsqueeze, expand, narrow) and their copying kin (concatenations, pads), permuted (non-contiguous)
+inputs, constants, several dtypes, and optionally in-place updates.
 
 Shapes: most cases keep every dimension in ``1..max_dim``, small graphs that run and shrink fast.
 A share of them (``large_shapes``, 1 in 8 by default) is large instead: 10,000 to ``max_elements``
@@ -33,7 +33,7 @@ GUARDED_UNARY = ["exp", "sqrt", "log", "reciprocal"]
 BINARY = [torch.add, torch.sub, torch.mul, torch.maximum, torch.minimum]
 REDUCTIONS = ["sum", "mean", "amax", "amin", "var", "argmax", "softmax", "safe_softmax", "log_softmax",
               "layer_norm", "vector_norm"]
-VIEWS = ["permute", "transpose", "reshape", "unsqueeze", "expand", "narrow"]
+VIEWS = ["permute", "transpose", "reshape", "unsqueeze", "expand", "narrow", "cat", "pad"]
 
 # Large shapes: the other axes take small odd sizes, one axis the rest of the element budget.
 LARGE_MIN_ELEMENTS = 10_000
@@ -429,11 +429,33 @@ def _view(draw, builder: _Builder, node: torch.fx.Node, meta: torch.Tensor):
         sizes = list(meta.shape)
         sizes[draw(st.sampled_from(ones))] = draw(st.integers(2, 4))
         return builder.call("expand", node, *sizes, method=True)
+    if kind == "cat":
+        return _cat(draw, builder, node, meta)
+    if kind == "pad":
+        widths = draw(st.lists(st.integers(0, 3), min_size=2, max_size=2 * min(rank, 2)))
+        if len(widths) % 2:
+            widths.pop()
+        return builder.call(torch.nn.functional.pad, node, widths, value=draw(st.sampled_from([0.0, 1.5])))
     dim = draw(st.integers(0, rank - 1))
     size = meta.shape[dim]
     start = draw(st.integers(0, max(size - 1, 0)))
     length = draw(st.integers(1, max(size - start, 1)))
     return builder.call(torch.narrow, node, dim, start, length)
+
+
+def _cat(draw, builder: _Builder, node: torch.fx.Node, meta: torch.Tensor):
+    """A concatenation along a random dim: the value's two parts swapped with one negated (a
+    rotary embedding's ``rotate_half``), or the value beside a function of itself."""
+    dim = draw(st.integers(0, meta.dim() - 1))
+    size = meta.shape[dim]
+    if size >= 2 and meta.dtype.is_floating_point and draw(st.booleans()):
+        half = draw(st.integers(1, size - 1))
+        first = builder.call(torch.narrow, node, dim, 0, half)
+        second = first and builder.call(torch.narrow, node, dim, half, size - half)
+        second = second and builder.call(torch.neg, second[0])
+        return second and builder.call(torch.cat, [second[0], first[0]], dim)
+    other = builder.call(torch.mul, node, 2) if draw(st.booleans()) else (node, meta)
+    return other and builder.call(torch.cat, [node, other[0]] * draw(st.integers(1, 3)), dim)
 
 
 __all__ = ["graphs", "GraphCase", "TensorSpec", "FLOAT_DTYPES"]

@@ -190,6 +190,7 @@ RULES: dict[str, Rule] = {
     "aten.expand": _expand, "prims.broadcast_in_dim": _broadcast_in_dim,
     "aten.full": lambda a, k: f"np.full({a[0]}, {a[1]})", "aten.scalar_tensor": lambda a, k: f"np.array({a[0]})",
     "prims.iota": _iota, "aten.arange": _arange,
+    "aten.constant_pad_nd": lambda a, k: f"constant_pad({a[0]}, {a[1]}, {a[2] if len(a) > 2 else k.get('value', '0')})",
 }
 
 
@@ -259,6 +260,14 @@ def expand(x: np.ndarray, sizes: list) -> np.ndarray:
     lead = len(sizes) - x.ndim
     shape = [s if s != -1 else x.shape[i - lead] for i, s in enumerate(sizes)]
     return np.broadcast_to(x, shape)
+
+
+def constant_pad(x: np.ndarray, pad: list, value: Any) -> np.ndarray:
+    """ATen's ``constant_pad_nd``: ``pad`` lists (before, after) pairs from the last dim backwards;
+    a negative width cuts instead."""
+    pairs = [(0, 0)] * (x.ndim - len(pad) // 2) + [(pad[2 * k], pad[2 * k + 1]) for k in reversed(range(len(pad) // 2))]
+    cut = tuple(slice(max(-b, 0), x.shape[d] - max(-a, 0)) for d, (b, a) in enumerate(pairs))
+    return np.pad(x[cut], [(max(b, 0), max(a, 0)) for b, a in pairs], constant_values=value)
 
 
 def broadcast_in_dim(x: np.ndarray, shape: list, dims: list) -> np.ndarray:
@@ -366,7 +375,7 @@ class NumpyKernel(CompiledKernel):
             "np": np, "torch": torch, "cast": casts, "axes": axes, "arg_extremum": arg_extremum,
             "clamp": clamp, "relu": relu, "sigmoid": sigmoid, "sign": sign, "erf": erf,
             "gelu_erf": gelu_erf, "gelu_tanh": gelu_tanh, "squeeze": squeeze, "expand": expand,
-            "broadcast_in_dim": broadcast_in_dim,
+            "broadcast_in_dim": broadcast_in_dim, "constant_pad": constant_pad,
         }
         exec(compile(source, f"<numpy kernel {group.name}>", "exec"), namespace)  # noqa: S102 - our own generated source
         self.function = namespace[group.name]

@@ -183,8 +183,8 @@ class KernelWriter:
     def ctype(self, node: torch.fx.Node) -> str:
         return compute_type(meta_of(node).dtype)
 
-    def offset(self, strides: tuple[int, ...], level: str) -> str:
-        terms = []
+    def offset(self, strides: tuple[int, ...], level: str, shift: int = 0) -> str:
+        terms = [f"INT64_C({shift})"] if shift else []
         for axis, stride in enumerate(strides):
             if stride == 0:
                 continue
@@ -198,8 +198,11 @@ class KernelWriter:
             if isinstance(arg, torch.fx.Node):
                 if arg.op == "placeholder":
                     access = self.nest.loads[(arg, consumer)]
-                    value = load_expr(f"in{self.index[arg]}", self.offset(access.strides, level),
+                    value = load_expr(f"in{self.index[arg]}", self.offset(access.strides, level, access.shift),
                                       meta_of(arg).dtype)
+                    if access.bounds:       # a padded input: the source's elements, the fill elsewhere
+                        inside = " && ".join(f"i{a} >= {lo} && i{a} < {hi}" for a, lo, hi in access.bounds)
+                        value = f"(({inside}) ? {value} : {literal(access.fill, compute_type(meta_of(arg).dtype))})"
                 else:
                     value = self.var[arg]
                 return value if compute_type(meta_of(arg).dtype) == ctype else f"(({ctype}){value})"

@@ -29,7 +29,7 @@ import torch.fx
 
 from passes.kernel_ir import rules
 from passes.kernel_ir.groups import CONSTANTS, REDUCTIONS, constant_value, end_padding, meta_of, packet_name
-from passes.kernel_ir.loops import LoopNest, closure
+from passes.kernel_ir.loops import Access, LoopNest, closure
 from passes.kernel_ir.symbolic import render, symbol_name
 
 from .blocks import Blocks, aten_statistics, choose_blocks, nest_is_reduction, uneven
@@ -182,10 +182,12 @@ class TritonWriter:
         return out
 
     def load(self, depth: int, node: torch.fx.Node, strides: tuple, level: str,
-             pitched: bool = False) -> tuple[str, frozenset]:
+             pitched: bool = False, access: Access | None = None) -> tuple[str, frozenset]:
         off, dims = self.offset(strides, level)
         if off is None:     # one element for all: a block of it (the interpreter mishandles 0-d values)
             off, dims = ("0 * xo" if self.reduction else "0 * x"), frozenset({"x"})
+        if access is not None and access.bounds:
+            return self.padded_load(depth, node, off, access)
         key = (node, off, pitched)
         for scope in reversed(self.loads):
             if key in scope:
@@ -206,12 +208,38 @@ class TritonWriter:
         self.loads[-1][key] = (var, dims)
         return var, dims
 
+    def padded_load(self, depth: int, node: torch.fx.Node, off: str, access: Access) -> tuple[str, frozenset]:
+        """A pointwise kernel's load of a padded input (:class:`~passes.kernel_ir.loops.Access`
+        ``bounds``): masked to the source's elements, ``fill`` elsewhere."""
+        conditions = [self.xmask] if self.xmask else []
+        for axis, lo, hi in access.bounds:
+            self.need.add(axis)
+            if lo > 0:
+                conditions.append(f"(i{axis} >= {lo})")
+            if hi < self.nest.sizes[axis]:
+                conditions.append(f"(i{axis} < {hi})")
+        mask = " & ".join(conditions) or None
+        pointer = f"in{self.index[node]} + ({off})" + (f" - {-access.shift}" if access.shift < 0 else
+                                                        f" + {access.shift}" if access.shift else "")
+        key = (node, pointer, mask)
+        for scope in reversed(self.loads):
+            if key in scope:
+                return scope[key]
+        var = self.fresh("t")
+        dtype = meta_of(node).dtype
+        fill = literal(access.fill, compute_type(dtype))
+        args = pointer + (f", mask={mask}, other={fill}" if mask else "")
+        self.emit(depth, f"{var} = {load_cast(f'tl.load({args})', dtype)}")
+        self.loads[-1][key] = (var, frozenset({"x"}))
+        return var, frozenset({"x"})
+
     def operand(self, depth: int, consumer: torch.fx.Node, level: str, dims: set):
         def render(arg, ct: str) -> str:
             if isinstance(arg, torch.fx.Node):
                 if arg.op == "placeholder":
                     pitched = self.pitch is not None and (arg, consumer) in self.pitch.loads
-                    var, d = self.load(depth, arg, self.nest.loads[(arg, consumer)].strides, level, pitched)
+                    access = self.nest.loads[(arg, consumer)]
+                    var, d = self.load(depth, arg, access.strides, level, pitched, access)
                 else:
                     var, d = self.var[arg], self.dims[arg]
                 dims.update(d)

@@ -1,0 +1,185 @@
+"""Concatenations as selects over padded pieces (``fuse`` option ``max_cat_inputs``).
+
+``cat([a, b], dim)`` copies its pieces into a new tensor: a kernel of its own, whose result the
+next kernel reads back, and pieces computed by kernels of their own first. Rotary position
+embeddings do this in every attention layer of a decoder: ``rotate_half(q) = cat(-q2, q1)`` feeds
+``q * cos + rotate_half(q) * sin``, and partial rotary glues the rotated and the untouched part
+back together.
+
+Written as an elementwise function of the output position instead, the same values are::
+
+    where(i < n_a, pad(a, [0, n_b]), pad(b, [n_a, 0]))       # i: the index along dim
+
+where ``pad`` places a piece at its offset along ``dim`` (a ``constant_pad_nd``). A kernel reads
+the pad of one of its inputs as a masked load at a shifted address (passes/kernel_ir/loops.py), so
+the select, the pieces' elementwise work and the cat's consumers become one kernel, and the
+concatenated tensor is never written. The pad moves below elementwise work on a piece
+(``pad(-q2)`` becomes ``-pad(q2)``), so that work joins the kernel too; what a piece computes
+outside its own range is discarded by the select.
+
+A rewrite applies to a cat of static shape, contiguous, along any dim, with at most
+``max_cat_inputs`` non-empty pieces, when it saves a kernel: some piece is elementwise work read
+only by the cat, or every reader of the cat is itself fusable. A cat of extern results read by
+an extern call (a key-value cache) stays a cat. Pads move only through floating-point elementwise
+operators with floating-point or boolean results (a discarded integer division by the zero
+padding would raise in eager execution).
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from pipeline import compat
+from passes.kernel_ir.groups import iota_of, meta_of, packet_name
+from passes.kernel_ir.nodes import input_padding, static_sizes
+
+from .legality import classify
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+MAX_DEPTH = 16      # most elementwise nodes a pad moves below, per piece
+
+
+def pointwise_cats(graph: torch.fx.GraphModule, max_inputs: int) -> int:
+    """Rewrite the qualifying cats of ``graph`` in place (module docstring); returns how many.
+    New nodes carry example values; the caller re-traces the graph for their exact layouts."""
+    rewritten = 0
+    for node in list(graph.graph.nodes):
+        pieces = _pieces(node, max_inputs)
+        if pieces is None or not _saves_a_kernel(node, pieces):
+            continue
+        with graph.graph.inserting_before(node):
+            node.replace_all_uses_with(_select(graph.graph, node, pieces))
+        graph.graph.erase_node(node)
+        rewritten += 1
+    if rewritten:
+        graph.graph.eliminate_dead_code()
+        graph.recompile()
+    return rewritten
+
+
+def _pieces(node: torch.fx.Node, max_inputs: int) -> list[torch.fx.Node] | None:
+    """The non-empty pieces of a cat that qualifies (module docstring), else None."""
+    if node.op != "call_function" or node.target is not aten.cat.default:
+        return None
+    value = meta_of(node)
+    if not isinstance(value, torch.Tensor) or value.dim() == 0 or not static_sizes(value.shape) \
+            or not value.is_contiguous() or value.device.type not in ("cpu", "cuda"):
+        return None
+    dim = _dim(node) % value.dim()
+    pieces = []
+    for piece in node.args[0]:
+        piece_value = meta_of(piece)
+        if not isinstance(piece_value, torch.Tensor) or piece_value.dim() != value.dim() \
+                or not static_sizes(piece_value.shape) or piece_value.device != value.device:
+            return None
+        if piece_value.shape[dim]:
+            pieces.append(piece)
+    return pieces if 2 <= len(pieces) <= max_inputs else None
+
+
+def _dim(node: torch.fx.Node) -> int:
+    return node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+
+
+def _saves_a_kernel(node: torch.fx.Node, pieces: list) -> bool:
+    own = any(classify(p)[0] == "pointwise" and set(p.users) == {node} for p in pieces)
+    return own or all(classify(user)[0] in ("pointwise", "reduction") for user in node.users)
+
+
+def _select(graph: torch.fx.Graph, node: torch.fx.Node, pieces: list) -> torch.fx.Node:
+    """``where(i < end_0, pad_0, where(i < end_1, pad_1, ... pad_last))`` for the cat ``node``."""
+    value = meta_of(node)
+    dim = _dim(node) % value.dim()
+    total = value.shape[dim]
+    ramp = _call(graph, prims.iota.default, (total,), {
+        "start": 0, "step": 1, "dtype": torch.int64, "device": value.device, "requires_grad": False})
+    index = _call(graph, aten.view.default, (ramp, [total] + [1] * (value.dim() - dim - 1)))
+    padded, start = [], 0
+    for piece in pieces:
+        size = meta_of(piece).shape[dim]
+        padded.append((_Placed(graph, value.dim(), dim, start, total - start - size).of(piece), start + size))
+        start += size
+    result = padded[-1][0]
+    for piece, end in reversed(padded[:-1]):
+        result = _call(graph, aten.where.self, (_call(graph, aten.lt.Scalar, (index, end)),
+                                                       piece, result))
+    return result
+
+
+class _Placed:
+    """Pieces placed at ``before`` along ``dim`` of a rank-``rank`` result, ``after`` more after:
+    elementwise nodes computed from placed operands, down to leaves that are padded (a fill or
+    an index ramp along ``dim`` is made at the placed shape instead: it reads no memory)."""
+
+    def __init__(self, graph: torch.fx.Graph, rank: int, dim: int, before: int, after: int):
+        self.graph, self.rank, self.dim, self.before, self.after = graph, rank, dim, before, after
+        self.depth = 0
+        self.made: dict[torch.fx.Node, torch.fx.Node] = {}
+
+    def of(self, node: torch.fx.Node) -> torch.fx.Node:
+        if node not in self.made:
+            self.made[node] = self._place(node)
+        return self.made[node]
+
+    def _place(self, node: torch.fx.Node) -> torch.fx.Node:
+        value = meta_of(node)
+        axis = self.dim - (self.rank - value.dim())
+        shape = list(value.shape)
+        shape[axis] += self.before + self.after
+        if self.depth < MAX_DEPTH and _elementwise(node):
+            self.depth += 1
+            return _call(self.graph, node.target, tuple(self._operand(a) for a in node.args),
+                                            {k: self._operand(v) for k, v in node.kwargs.items()})
+        if packet_name(node.target) == "aten.full" and node.op == "call_function":
+            return _call(self.graph, node.target, (shape, *node.args[1:]), dict(node.kwargs))
+        ramp = iota_of(node)
+        if ramp is not None and ramp.axis == axis:      # the ramp continued over the placed extent
+            line = _call(self.graph, prims.iota.default, (shape[axis],), {
+                "start": ramp.start - self.before * ramp.step, "step": ramp.step, "dtype": value.dtype,
+                "device": value.device, "requires_grad": False})
+            unit = [1] * len(shape)
+            unit[axis] = shape[axis]
+            return _call(self.graph, aten.expand.default, (
+                _call(self.graph, aten.view.default, (line, unit)), shape))
+        pad = [0, 0] * (value.dim() - 1 - axis) + [self.before, self.after]
+        inner = input_padding(node)
+        if inner is not None:           # a pad of a pad: one pad (the outer fill is never selected)
+            source, widths, fill = node.args[0], list(node.args[1]), inner[1]
+            widths += [0] * (len(pad) - len(widths))
+            pad += [0] * (len(widths) - len(pad))
+            return _call(self.graph, aten.constant_pad_nd.default, (source, [a + b for a, b in zip(pad, widths)], fill))
+        return _call(self.graph, aten.constant_pad_nd.default, (node, pad, 0))
+
+    def _operand(self, arg):
+        """An operand of an elementwise node being placed: placed too when it has the piece's
+        extent along ``dim``; as it is when it broadcasts along ``dim`` (or is no tensor)."""
+        value = meta_of(arg) if isinstance(arg, torch.fx.Node) else None
+        if not isinstance(value, torch.Tensor):
+            return arg
+        axis = self.dim - (self.rank - value.dim())
+        if axis < 0 or value.shape[axis] == 1:
+            return arg
+        return self.of(arg)
+
+
+def _call(graph: torch.fx.Graph, target, args: tuple, kwargs: dict | None = None) -> torch.fx.Node:
+    """A new node with its example value (a later cat's pieces may be this rewrite's nodes)."""
+    node = graph.call_function(target, args, kwargs or {})
+    node.meta["val"] = compat.example_value(node)
+    return node
+
+
+def _elementwise(node: torch.fx.Node) -> bool:
+    """An elementwise operator with a floating-point or boolean result that fuse can put in a
+    kernel (an integer result could be a division by the padding's zeros, which eager refuses)."""
+    if node.op != "call_function" or classify(node)[0] != "pointwise" or not node.all_input_nodes:
+        return False
+    if not (isinstance(node.target, torch._ops.OpOverload) and torch.Tag.pointwise in node.target.tags):
+        return False
+    dtype = meta_of(node).dtype
+    return dtype.is_floating_point or dtype == torch.bool
+
+
+__all__ = ["pointwise_cats"]

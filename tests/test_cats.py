@@ -1,0 +1,198 @@
+"""Concatenations and pads inside kernels (passes/fuse/cats.py, padded loads in
+passes/kernel_ir/loops.py): a cat whose pieces or readers are elementwise becomes a select over
+its pieces placed at their offsets, and the consuming kernel reads each piece with a masked,
+shifted load, in the C++ backend and in Triton kernels (run under the interpreter, as in
+test_triton_backend.py; ``TRITON_INTERPRET`` is set here, at collection).
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import importlib.util  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from pipeline import compilation_of, compile_with_plan  # noqa: E402
+from pipeline.numerics import compare  # noqa: E402
+from conftest import record_kernels, rerun_with_interpreter  # noqa: E402
+
+CPP = {"extends": "cpu-inference", "options": {"capture": {"fullgraph": True}}}
+TRITON = {"extends": "cpu-inference", "options": {"codegen": {"backend": "triton"}, "capture": {"fullgraph": True}}}
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+BACKENDS = [pytest.param(CPP, id="cpp"),
+            pytest.param(TRITON, id="triton", marks=pytest.mark.skipif(not HAS_TRITON, reason="no triton"))]
+KERNELS: list = []      # the Triton kernels of the last Triton compile
+
+
+@pytest.fixture(autouse=True)
+def _record_kernels(monkeypatch, request):
+    if HAS_TRITON:
+        from passes.codegen.triton import runtime as triton_runtime
+        record_kernels(monkeypatch, request, KERNELS, lambda target: isinstance(target, triton_runtime.TritonKernel))
+    else:
+        torch._dynamo.reset()
+    yield
+
+
+def compiled_record(fn, *args, plan=CPP):
+    torch._dynamo.reset()
+    compiled = compile_with_plan(fn, plan)
+    with torch.no_grad():
+        problem = compare(fn(*args), compiled(*args))
+    assert problem is None, problem
+    return compilation_of(compiled).graphs[0]
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rotary(q, cos, sin):
+    """A rotary position embedding as decoders apply it to queries and keys."""
+    return q * cos + rotate_half(q) * sin
+
+
+def partial_rotary(q, cos, sin):
+    """Rotary embedding of the first ``cos.shape[-1]`` features, the rest passed through."""
+    rotated, kept = q[..., :cos.shape[-1]], q[..., cos.shape[-1]:]
+    return torch.cat((rotary(rotated, cos, sin), kept), dim=-1)
+
+
+def rotary_inputs(rotated: int, total: int):
+    return torch.randn(2, 3, 5, total), torch.randn(5, rotated), torch.randn(5, rotated)
+
+
+@pytest.mark.parametrize("plan", BACKENDS)
+@pytest.mark.parametrize("fn,args", [(rotary, rotary_inputs(16, 16)), (partial_rotary, rotary_inputs(8, 24))],
+                         ids=["rotary", "partial_rotary"])
+def test_rotary_embeddings_are_one_kernel(plan, fn, args):
+    record = compiled_record(fn, *args, plan=plan)
+    assert record.kernels == 1
+    assert "aten_cat" not in record.final_code and "aten_constant_pad_nd" not in record.final_code
+    assert any("computed as selects" in n["message"] for n in record.notes)
+
+
+def test_max_cat_inputs_zero_keeps_the_cat():
+    plan = {**CPP, "options": {**CPP["options"], "fuse": {"max_cat_inputs": 0}}}
+    record = compiled_record(rotary, *rotary_inputs(16, 16), plan=plan)
+    assert "aten_cat" in record.final_code and record.kernels == 2
+
+
+def test_a_cat_with_more_pieces_than_the_limit_stays_a_cat():
+    record = compiled_record(lambda x: torch.cat([x.sin()] * 5, dim=1).exp(), torch.randn(3, 4))
+    assert "aten_cat" in record.final_code
+
+
+def test_a_cat_of_extern_results_read_by_an_extern_call_stays_a_cat():
+    """A key-value cache's append: nothing elementwise to join, so the cat is ATen's copy."""
+    def append(past, x, w, q):
+        return q @ torch.cat((past, x @ w), dim=0).T
+
+    record = compiled_record(append, torch.randn(6, 8), torch.randn(2, 8), torch.randn(8, 8), torch.randn(3, 8))
+    assert "aten_cat" in record.final_code
+
+
+@pytest.mark.parametrize("plan", BACKENDS)
+def test_a_pad_of_an_input_joins_the_kernel_that_reads_it(plan):
+    """A user's F.pad (any fill value, both ends, two dims) is read as masked loads."""
+    def padded_sum(x, y):
+        return F.pad(x, (1, 2, 0, 3), value=1.5) * y + 1
+
+    record = compiled_record(padded_sum, torch.randn(4, 5, 6), torch.randn(4, 8, 9), plan=plan)
+    assert record.kernels == 1 and "aten_constant_pad_nd" not in record.final_code
+
+
+def test_a_pad_read_by_a_reduction_stays_an_aten_pad():
+    """Reduction kernels do not read padded inputs: the pad is ATen's, and the result is exact."""
+    record = compiled_record(lambda x: torch.softmax(F.pad(x, (2, 1), value=-1.0), -1), torch.randn(4, 7))
+    assert "aten_constant_pad_nd" in record.final_code
+
+
+@pytest.mark.parametrize("plan", BACKENDS)
+def test_a_kernel_reading_a_shifted_input_never_writes_its_output_into_that_input(plan):
+    """``cat(z[:, 1:], z[:, :1]) + 1`` of a dying intermediate ``z`` of the output's layout: the
+    host code may not hand ``z``'s buffer to the kernel as its output (it reads ``z`` shifted)."""
+    def roll_then_add(a):
+        z = a * 2
+        return torch.cat((z[:, 1:], z[:, :1]), dim=1) + 1
+
+    compiled_record(roll_then_add, torch.randn(64, 700), plan=plan)
+
+
+def test_integer_pieces_are_padded_not_divided_by_the_padding():
+    """Integer work on a piece stays above the pad (a division by the padding's zeros would raise
+    in eager execution)."""
+    def int_pieces(a, b):
+        return torch.cat((a // b, a % b), dim=1) * 3
+
+    a, b = torch.randint(1, 50, (4, 6)), torch.randint(1, 7, (4, 6))
+    compiled_record(int_pieces, a, b)
+
+
+@settings(deadline=None, max_examples=60, suppress_health_check=list(HealthCheck), derandomize=True, database=None)
+@given(st.data())
+def test_random_cats_preserve_semantics(data):
+    """Cats of 2 to 5 pieces along any dim, pieces of any size (one element, empty) computed by
+    elementwise chains with broadcast operands or read as they are, read by elementwise work, a
+    reduction or an extern call, in float32, bfloat16, int64 and bool, on both backends."""
+    plan = data.draw(st.sampled_from([CPP, TRITON] if HAS_TRITON else [CPP]))
+    rank = data.draw(st.integers(1, 3))
+    dim = data.draw(st.integers(-rank, rank - 1))
+    dtype = data.draw(st.sampled_from([torch.float32, torch.bfloat16, torch.int64, torch.bool]))
+    sizes = data.draw(st.lists(st.integers(0, 9), min_size=2, max_size=5))
+    base = [data.draw(st.integers(1, 5)) for _ in range(rank)]
+    pieces = []
+    for size in sizes:
+        shape = list(base)
+        shape[dim] = size
+        pieces.append(_random_tensor(shape, dtype))
+    scale = _random_tensor([1] * rank, dtype)
+    reader = data.draw(st.sampled_from(["elementwise", "sum", "extern", "none"]))
+    work = [data.draw(st.sampled_from(["none", "neg", "scale", "compare"])) for _ in sizes]
+
+    def f(scale, *pieces):
+        made = [_piece_work(p, w, scale) for p, w in zip(pieces, work)]
+        out = torch.cat(made, dim)
+        if reader == "elementwise":
+            return (out * scale) if out.dtype != torch.bool else out ^ (scale > 0)
+        if reader == "sum":
+            return out.float().sum(dim)
+        if reader == "extern":
+            return out.float().flatten() @ torch.ones(out.numel())
+        return out
+
+    compiled_record(f, scale, *pieces, plan=plan)
+
+
+def _random_tensor(shape, dtype):
+    if dtype == torch.bool:
+        return torch.rand(shape) > 0.5
+    if dtype == torch.int64:
+        return torch.randint(1, 9, shape)
+    return torch.randn(shape).to(dtype)
+
+
+def _piece_work(piece, work, scale):
+    if work == "none":
+        return piece
+    if piece.dtype == torch.bool:
+        return ~piece if work == "neg" else piece & (scale > 0)
+    if work == "neg":
+        return -piece
+    if work == "scale":
+        return piece * scale + 1
+    return torch.where(piece > scale, piece, scale * 2)
+
+
+def test_module_in_a_fresh_process():
+    """Only when something imported triton before this module could set TRITON_INTERPRET."""
+    if not HAS_TRITON:
+        pytest.skip("no triton")
+    rerun_with_interpreter(__file__)
