@@ -65,13 +65,19 @@ def partial_rotary(q, cos, sin):
     return torch.cat((rotary(rotated, cos, sin), kept), dim=-1)
 
 
-def rotary_inputs(rotated: int, total: int):
-    return torch.randn(2, 3, 5, total), torch.randn(5, rotated), torch.randn(5, rotated)
+def rotary_in_float(q, cos, sin):
+    """The embedding of bfloat16 queries computed in float32 and rounded back."""
+    return rotary(q.float(), cos, sin).to(q.dtype)
+
+
+def rotary_inputs(rotated: int, total: int, dtype=torch.float32):
+    return torch.randn(2, 3, 5, total).to(dtype), torch.randn(5, rotated), torch.randn(5, rotated)
 
 
 @pytest.mark.parametrize("plan", BACKENDS)
-@pytest.mark.parametrize("fn,args", [(rotary, rotary_inputs(16, 16)), (partial_rotary, rotary_inputs(8, 24))],
-                         ids=["rotary", "partial_rotary"])
+@pytest.mark.parametrize("fn,args", [(rotary, rotary_inputs(16, 16)), (partial_rotary, rotary_inputs(8, 24)),
+                                     (rotary_in_float, rotary_inputs(16, 16, torch.bfloat16))],
+                         ids=["rotary", "partial_rotary", "rotary_in_float"])
 def test_rotary_embeddings_are_one_kernel(plan, fn, args):
     record = compiled_record(fn, *args, plan=plan)
     assert record.kernels == 1
@@ -96,6 +102,15 @@ def test_a_cat_of_extern_results_read_by_an_extern_call_stays_a_cat():
         return q @ torch.cat((past, x @ w), dim=0).T
 
     record = compiled_record(append, torch.randn(6, 8), torch.randn(2, 8), torch.randn(8, 8), torch.randn(3, 8))
+    assert "aten_cat" in record.final_code
+
+
+def test_a_cat_of_extern_results_read_by_a_reduction_stays_a_cat():
+    """A U-Net's skip connection into a group norm: a reduction kernel would not read the pieces."""
+    def skip_then_norm(x, skip, w):
+        return torch.nn.functional.group_norm(torch.cat((x @ w, skip @ w), dim=1), 2)
+
+    record = compiled_record(skip_then_norm, torch.randn(3, 4, 8), torch.randn(3, 4, 8), torch.randn(8, 8))
     assert "aten_cat" in record.final_code
 
 

@@ -310,6 +310,13 @@ def test_a_scalar_its_tag_cannot_hold_names_its_line(tmp_path):
     assert (exc.file, exc.line) == (str(path), 3) and "cannot read int" in exc.reason
 
 
+def test_a_timestamp_tag_on_something_that_is_no_date_names_its_line(tmp_path):
+    path = tmp_path / "when.yaml"
+    path.write_text("name: p\npasses: [capture]\ndescription: !!timestamp 2020-01-01# not a date\n")
+    exc = load_error(path)
+    assert (exc.file, exc.line) == (str(path), 3) and "cannot read timestamp" in exc.reason
+
+
 def test_an_extends_name_the_os_refuses_names_the_extends_line(tmp_path):
     path = tmp_path / "long.yaml"
     path.write_text("name: p\nextends: " + "x" * 5000 + ".yaml\n")

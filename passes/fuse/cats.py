@@ -19,8 +19,10 @@ outside its own range is discarded by the select.
 
 A rewrite applies to a cat of static shape, contiguous, along any dim, with at most
 ``max_cat_inputs`` non-empty pieces, when it saves a kernel: some piece is elementwise work read
-only by the cat, or every reader of the cat is itself fusable. A cat of extern results read by
-an extern call (a key-value cache) stays a cat. Pads move only through floating-point elementwise
+only by the cat, or every reader of the cat is elementwise (it takes the select into its
+kernel). A cat of extern results read by an extern call (a key-value cache) or by a reduction
+(a U-Net's skip connection into a group norm: reduction kernels do not read padded inputs)
+stays a cat. Pads move only through floating-point elementwise
 operators with floating-point or boolean results (a discarded integer division by the zero
 padding would raise in eager execution).
 """
@@ -34,6 +36,7 @@ from passes.kernel_ir.groups import iota_of, meta_of, packet_name
 from passes.kernel_ir.nodes import input_padding, static_sizes
 
 from .legality import classify
+from .views import LAYOUT_FREE
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -85,7 +88,7 @@ def _dim(node: torch.fx.Node) -> int:
 
 def _saves_a_kernel(node: torch.fx.Node, pieces: list) -> bool:
     own = any(classify(p)[0] == "pointwise" and set(p.users) == {node} for p in pieces)
-    return own or all(classify(user)[0] in ("pointwise", "reduction") for user in node.users)
+    return own or all(classify(user)[0] == "pointwise" for user in node.users)
 
 
 def _select(graph: torch.fx.Graph, node: torch.fx.Node, pieces: list) -> torch.fx.Node:
@@ -103,8 +106,7 @@ def _select(graph: torch.fx.Graph, node: torch.fx.Node, pieces: list) -> torch.f
         start += size
     result = padded[-1][0]
     for piece, end in reversed(padded[:-1]):
-        result = _call(graph, aten.where.self, (_call(graph, aten.lt.Scalar, (index, end)),
-                                                       piece, result))
+        result = _call(graph, aten.where.self, (_call(graph, aten.lt.Scalar, (index, end)), piece, result))
     return result
 
 
@@ -131,7 +133,9 @@ class _Placed:
         if self.depth < MAX_DEPTH and _elementwise(node):
             self.depth += 1
             return _call(self.graph, node.target, tuple(self._operand(a) for a in node.args),
-                                            {k: self._operand(v) for k, v in node.kwargs.items()})
+                         {k: self._operand(v) for k, v in node.kwargs.items()})
+        if self.depth < MAX_DEPTH and _slice_of_elementwise(node):
+            return self.of(self._sliced_operands(node))
         if packet_name(node.target) == "aten.full" and node.op == "call_function":
             return _call(self.graph, node.target, (shape, *node.args[1:]), dict(node.kwargs))
         ramp = iota_of(node)
@@ -152,6 +156,25 @@ class _Placed:
             return _call(self.graph, aten.constant_pad_nd.default, (source, [a + b for a, b in zip(pad, widths)], fill))
         return _call(self.graph, aten.constant_pad_nd.default, (node, pad, 0))
 
+    def _sliced_operands(self, cut: torch.fx.Node) -> torch.fx.Node:
+        """``f(slice(a), b)`` for ``cut = slice(f(a, b))``: the slice of an elementwise result is
+        the elementwise op on slices of its operands (those of size 1 along the sliced dim are
+        not sliced), so the pad can move below ``f`` (a rotary embedding of ``q.float()`` slices
+        the conversion)."""
+        source, dim, start, end = cut.args[0], *_slice_bounds(cut)
+        rank = meta_of(source).dim()
+
+        def sliced(arg):
+            value = meta_of(arg) if isinstance(arg, torch.fx.Node) else None
+            if not isinstance(value, torch.Tensor):
+                return arg
+            axis = dim - (rank - value.dim())
+            if axis < 0 or value.shape[axis] == 1:
+                return arg
+            return _call(self.graph, aten.slice.Tensor, (arg, axis, start, end))
+        return _call(self.graph, source.target, tuple(sliced(a) for a in source.args),
+                     {k: sliced(v) for k, v in source.kwargs.items()})
+
     def _operand(self, arg):
         """An operand of an elementwise node being placed: placed too when it has the piece's
         extent along ``dim``; as it is when it broadcasts along ``dim`` (or is no tensor)."""
@@ -171,12 +194,36 @@ def _call(graph: torch.fx.Graph, target, args: tuple, kwargs: dict | None = None
     return node
 
 
+def _slice_bounds(node: torch.fx.Node) -> tuple[int, int, int] | None:
+    """``(dim, start, end)`` of a step-1 ``aten.slice`` with static bounds, else None."""
+    if node.op != "call_function" or node.target is not aten.slice.Tensor or node.kwargs:
+        return None
+    rank, size = meta_of(node.args[0]).dim(), meta_of(node).shape
+    dim, start, _, step = (list(node.args[1:]) + [0, None, None, 1][len(node.args) - 1:])[:4]
+    if not (type(dim) is int and step == 1 and (start is None or type(start) is int)):
+        return None
+    dim %= rank
+    length = meta_of(node.args[0]).shape[dim]
+    start = 0 if start is None else start + length if start < 0 else start
+    start = min(max(start, 0), length)
+    return dim, start, start + size[dim]
+
+
+def _slice_of_elementwise(node: torch.fx.Node) -> bool:
+    """A static step-1 slice of an elementwise result (see :meth:`_Placed._sliced_operands`)."""
+    return _slice_bounds(node) is not None and isinstance(node.args[0], torch.fx.Node) \
+        and _elementwise(node.args[0]) and static_sizes(meta_of(node.args[0]).shape)
+
+
 def _elementwise(node: torch.fx.Node) -> bool:
     """An elementwise operator with a floating-point or boolean result that fuse can put in a
     kernel (an integer result could be a division by the padding's zeros, which eager refuses)."""
     if node.op != "call_function" or classify(node)[0] != "pointwise" or not node.all_input_nodes:
         return False
-    if not (isinstance(node.target, torch._ops.OpOverload) and torch.Tag.pointwise in node.target.tags):
+    if node.target is aten._to_copy.default:
+        if not set(node.kwargs) <= {"dtype", "memory_format"} or node.kwargs.get("memory_format") not in LAYOUT_FREE:
+            return False
+    elif not (isinstance(node.target, torch._ops.OpOverload) and torch.Tag.pointwise in node.target.tags):
         return False
     dtype = meta_of(node).dtype
     return dtype.is_floating_point or dtype == torch.bool

@@ -110,9 +110,12 @@ class _PlanLoader(yaml.SafeLoader):
     def construct_object(self, node, deep=False):
         try:
             return super().construct_object(node, deep=deep)
-        except (ValueError, TypeError, OverflowError) as exc:
-            # A scalar its tag cannot hold: ``!!int abc``, ``!!float x``, too many digits.
-            raise PlanError(f"invalid YAML: cannot read {node.tag.rsplit(':', 1)[-1]} value: {exc}",
+        except (ValueError, TypeError, OverflowError, AttributeError) as exc:
+            # A scalar its tag cannot hold: ``!!int abc``, ``!!float x``, too many digits, a
+            # ``!!timestamp`` that is no date (PyYAML's constructor then fails on a missing match).
+            kind = node.tag.rsplit(':', 1)[-1]
+            detail = f"{getattr(node, 'value', '')!r} is not one" if isinstance(exc, AttributeError) else exc
+            raise PlanError(f"invalid YAML: cannot read {kind} value: {detail}",
                             file=self.source, line=node.start_mark.line + 1) from None
 
 
