@@ -22,9 +22,9 @@ A rewrite applies to a cat of static shape, contiguous, along any dim, with at m
 only by the cat, or every reader of the cat is elementwise (it takes the select into its
 kernel). A cat of extern results read by an extern call (a key-value cache) or by a reduction
 (a U-Net's skip connection into a group norm: reduction kernels do not read padded inputs)
-stays a cat. Pads move only through floating-point elementwise
-operators with floating-point or boolean results (a discarded integer division by the zero
-padding would raise in eager execution).
+stays a cat. Pads move only through elementwise operators with floating-point or boolean results
+(a discarded integer division by the zero padding would raise in eager execution), and through
+slices of such results.
 """
 from __future__ import annotations
 
