@@ -169,11 +169,14 @@ def test_integer_pieces_are_padded_not_divided_by_the_padding():
 def test_random_cats_preserve_semantics(data):
     """Cats of 2 to 5 pieces along any dim, pieces of any size (one element, empty) computed by
     elementwise chains with broadcast operands or read as they are, read by elementwise work, a
-    reduction or an extern call, in float32, bfloat16, int64 and bool, on both backends."""
+    reduction or an extern call, in float32, bfloat16 (C++), int64 and bool, on both backends."""
     plan = data.draw(st.sampled_from([CPP, TRITON] if HAS_TRITON else [CPP]))
     rank = data.draw(st.integers(1, 3))
     dim = data.draw(st.integers(-rank, rank - 1))
-    dtype = data.draw(st.sampled_from([torch.float32, torch.bfloat16, torch.int64, torch.bool]))
+    # The Triton interpreter's float32 -> bfloat16 conversion can differ from eager's rounding by
+    # one bfloat16 step, with or without cats (the kernel rounds as eager does; on a GPU it agrees).
+    dtypes = [torch.float32, torch.int64, torch.bool] + ([torch.bfloat16] if plan is CPP else [])
+    dtype = data.draw(st.sampled_from(dtypes))
     sizes = data.draw(st.lists(st.integers(0, 9), min_size=2, max_size=5))
     base = [data.draw(st.integers(1, 5)) for _ in range(rank)]
     pieces = []
