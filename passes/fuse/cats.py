@@ -36,6 +36,7 @@ from passes.kernel_ir.groups import iota_of, meta_of, packet_name
 from passes.kernel_ir.nodes import input_padding, static_sizes
 
 from .legality import classify
+from .slices import slice_bounds
 from .views import LAYOUT_FREE
 
 aten = torch.ops.aten
@@ -161,7 +162,7 @@ class _Placed:
         the elementwise op on slices of its operands (those of size 1 along the sliced dim are
         not sliced), so the pad can move below ``f`` (a rotary embedding of ``q.float()`` slices
         the conversion)."""
-        source, dim, start, end = cut.args[0], *_slice_bounds(cut)
+        source, dim, start, end = cut.args[0], *slice_bounds(cut)
         rank = meta_of(source).dim()
 
         def sliced(arg):
@@ -194,24 +195,9 @@ def _call(graph: torch.fx.Graph, target, args: tuple, kwargs: dict | None = None
     return node
 
 
-def _slice_bounds(node: torch.fx.Node) -> tuple[int, int, int] | None:
-    """``(dim, start, end)`` of a step-1 ``aten.slice`` with static bounds, else None."""
-    if node.op != "call_function" or node.target is not aten.slice.Tensor or node.kwargs:
-        return None
-    rank, size = meta_of(node.args[0]).dim(), meta_of(node).shape
-    dim, start, _, step = (list(node.args[1:]) + [0, None, None, 1][len(node.args) - 1:])[:4]
-    if not (type(dim) is int and step == 1 and (start is None or type(start) is int)):
-        return None
-    dim %= rank
-    length = meta_of(node.args[0]).shape[dim]
-    start = 0 if start is None else start + length if start < 0 else start
-    start = min(max(start, 0), length)
-    return dim, start, start + size[dim]
-
-
 def _slice_of_elementwise(node: torch.fx.Node) -> bool:
     """A static step-1 slice of an elementwise result (see :meth:`_Placed._sliced_operands`)."""
-    return _slice_bounds(node) is not None and isinstance(node.args[0], torch.fx.Node) \
+    return slice_bounds(node) is not None and isinstance(node.args[0], torch.fx.Node) \
         and _elementwise(node.args[0]) and static_sizes(meta_of(node.args[0]).shape)
 
 

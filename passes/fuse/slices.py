@@ -58,16 +58,11 @@ def _pieces(node: torch.fx.Node) -> list[tuple[torch.fx.Node, int, int, int]] | 
         if user.op != "call_function" or user.kwargs:
             return None
         if user.target is aten.slice.Tensor:
-            dim, start, end, step = (list(user.args[1:]) + [0, None, None, 1][len(user.args) - 1:])[:4]
-            if not (_int(dim) and _int(step) and step == 1):
+            bounds = slice_bounds(user)
+            if bounds is None:
                 return None
-            dim %= rank
-            start = 0 if start is None else start
-            end = size_of[dim] if end is None else end
-            if not (_int(start) and _int(end)):
-                return None
-            start, end = _clamped(start, size_of[dim]), _clamped(end, size_of[dim])
-            pieces.append((user, dim, start, max(start, end)))
+            dim = bounds[0]
+            pieces.append((user, *bounds))
         elif user.target in SPLITS:
             sizes = user.args[1]
             dim = user.args[2] if len(user.args) > 2 else 0
@@ -87,6 +82,24 @@ def _pieces(node: torch.fx.Node) -> list[tuple[torch.fx.Node, int, int, int]] | 
             return None
         dims.add(dim)
     return pieces if len(dims) == 1 else None
+
+
+def slice_bounds(node: torch.fx.Node) -> tuple[int, int, int] | None:
+    """``(dim, start, end)`` of a step-1 ``aten.slice`` with static bounds (normalized and
+    clamped as eager does, ``end >= start``), else None."""
+    if node.op != "call_function" or node.target is not aten.slice.Tensor or node.kwargs:
+        return None
+    size_of = list(meta_of(node.args[0]).shape)
+    dim, start, end, step = (list(node.args[1:]) + [0, None, None, 1][len(node.args) - 1:])[:4]
+    if not (_int(dim) and _int(step) and step == 1):
+        return None
+    dim %= len(size_of)
+    start = 0 if start is None else start
+    end = size_of[dim] if end is None else end
+    if not (_int(start) and _int(end) and _int(size_of[dim])):
+        return None
+    start, end = _clamped(start, size_of[dim]), _clamped(end, size_of[dim])
+    return dim, start, max(start, end)
 
 
 def _clamped(index: int, size: int) -> int:
