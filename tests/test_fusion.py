@@ -79,7 +79,8 @@ def test_vector_norms_reduce_in_generated_kernels_like_eager(dtype):
         for got, want in zip(compiled(x, g), norms(x, g)):
             assert compare(want, got) is None
         record = compilation_of(compiled).graphs[0]
-        assert "vector_norm" not in record.final_code and record.kernels >= 4
+        # the column norm's kernel and at least two for the row norms (horizontal fusion may merge those)
+        assert "vector_norm" not in record.final_code and record.kernels >= 3
         torch._dynamo.reset()
 
 

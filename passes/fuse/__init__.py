@@ -32,9 +32,10 @@ from .dependencies import Dependencies
 from .legality import (Group, can_grow, classify, creates_cycle, independent_merge_problem, input_pad_problem,
                        input_reshape_problem, merge_problem, shape_problem, sources_only)
 from .cats import pointwise_cats
-from .gathers import sink_gathers
+from .gathers import index_as_gather, sink_gathers
 from .onehot import sum_one_hots
 from .slices import split_elementwise
+from .unroll import unroll_reductions
 from .views import hoist_pads, move_views
 
 
@@ -61,10 +62,18 @@ class FuseOptions:
                                       "f(gather(x, dim, index)) when f's other operands are constant along "
                                       "dim, so the full f(x) is not written (cross-entropy's log-probabilities; "
                                       "see passes/fuse/gathers.py).")
+    gather_loads: bool = option(True, "Compute indexing by one integer tensor (x[idx]) and embeddings as gathers "
+                                      "that the kernel consuming the picked rows reads with indirect loads, "
+                                      "instead of ATen calls writing the rows (see passes/fuse/gathers.py).",
+                                tune=(True, False))
     max_cat_inputs: int = option(4, "Concatenations of at most this many pieces become a select over the pieces "
                                     "placed at their offsets, read by the kernel that consumes the cat (masked "
                                     "loads), so the concatenated tensor is never written; 0 keeps every cat an "
                                     "ATen call (see passes/fuse/cats.py).", check=non_negative, tune=(0, 4))
+    unroll_reductions: int = option(8, "Sums, means and extrema over at most this many elements per result (static "
+                                       "sizes) become elementwise work on slices of their input, so they join the "
+                                       "kernel of their consumers instead of ending it; 0 keeps every reduction a "
+                                       "reduction (see passes/fuse/unroll.py).", check=non_negative, tune=(0, 8))
     conv_bias_apart: list[str] = option(
         ["cuda"], "Devices on which a convolution's bias is added by the kernel that reads the convolution "
                   "(the convolution runs without it): ATen's CUDA convolution adds a bias in a kernel of its "
@@ -78,17 +87,25 @@ class Fuse(Pass):
 
     name = "fuse"
     Options = FuseOptions
-    version = "21"
+    version = "22"
     cache_material = rules.cache_material   # rules a plugin adds or replaces change the output
     requires = frozenset({"functional", "aten"})
     provides = frozenset({"fused"})
     Choices = FusionChoices
 
     def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
+        if self.options.unroll_reductions:
+            unrolled = unroll_reductions(graph, self.options.unroll_reductions)
+            if unrolled:
+                context.note(f"{unrolled} reduction(s) over few elements computed elementwise", topic="fusion")
         if self.options.split_elementwise:
             split = split_elementwise(graph)
             if split:
                 context.note(f"{split} elementwise node(s) computed per slice of their result", topic="fusion")
+        if self.options.gather_loads:
+            gathered = index_as_gather(graph)
+            if gathered:
+                context.note(f"{gathered} indexing/embedding node(s) computed as gathers", topic="fusion")
         if self.options.move_views:
             moved = move_views(graph) + hoist_pads(graph)
             if moved:

@@ -1,4 +1,14 @@
-"""Gathers of elementwise results, rewritten to gather first (``fuse`` option ``sink_gathers``).
+"""Gathers: indexing written as gathers (``fuse`` option ``gather_loads``), and gathers of
+elementwise results rewritten to gather first (``fuse`` option ``sink_gathers``).
+
+``x[idx]`` with one integer index tensor (``aten.index``), and ``embedding(weight, idx)``, pick whole
+rows of ``x``. As ATen calls they are a kernel each, writing the picked rows for the next kernel
+to read back. Written as ``gather(x, k, expand(idx))`` (negative indices wrapped as indexing wraps
+them, by an elementwise select on the index), the kernel that consumes the rows reads them with
+an indirect load (:func:`passes.kernel_ir.nodes.input_gather`), and the index's own elementwise
+work joins that kernel too. Where it matters: a mixture-of-experts layer gathers each token's
+hidden state for its experts (``x[token_of_slot]``) and each expert row back; a language model
+reads its token embeddings straight into the first norm's kernel.
 
 ``gather(f(x, s), dim, index)`` reads a few elements of a tensor that ``f`` computes in full. When
 every operand of ``f`` either has the full shape (it is gathered too) or has size 1 along ``dim``
@@ -20,7 +30,11 @@ from typing import Any
 import torch
 import torch.fx
 
+from pipeline import compat
 from passes.kernel_ir.groups import meta_of
+from passes.kernel_ir.nodes import static_sizes
+
+from .legality import classify
 
 aten = torch.ops.aten
 
@@ -129,4 +143,113 @@ def sink_gathers(graph: torch.fx.GraphModule) -> int:
     return rewritten
 
 
-__all__ = ["sink_gathers"]
+def _indexing(node: torch.fx.Node) -> tuple[torch.fx.Node, int, torch.fx.Node] | None:
+    """``(x, k, idx)`` when ``node`` picks ``x``'s slices along ``k`` at the integer tensor
+    ``idx`` (``index`` with one index tensor, or ``embedding``), with static shapes; else None."""
+    if node.op != "call_function":
+        return None
+    if node.target is aten.index.Tensor and len(node.args) == 2:
+        x, indices = node.args
+        picked = [(k, i) for k, i in enumerate(indices) if i is not None]
+        if len(picked) != 1:
+            return None
+        k, idx = picked[0]
+    elif node.target is aten.embedding.default:
+        x, idx, k = node.args[0], node.args[1], 0
+    else:
+        return None
+    if not (isinstance(x, torch.fx.Node) and isinstance(idx, torch.fx.Node)):
+        return None
+    value, index = meta_of(x), meta_of(idx)
+    if not (isinstance(value, torch.Tensor) and isinstance(index, torch.Tensor)) or value.dim() <= k:
+        return None
+    if index.dtype not in (torch.int32, torch.int64) or index.numel() == 0 or value.numel() == 0:
+        return None
+    if not static_sizes(tuple(value.shape) + tuple(index.shape) + tuple(value.stride())):
+        return None
+    return x, k, idx
+
+
+def _call(graph: torch.fx.Graph, target, args: tuple, kwargs: dict | None = None) -> torch.fx.Node:
+    node = graph.call_function(target, args, kwargs or {})
+    node.meta["val"] = compat.example_value(node)
+    return node
+
+
+_UNIT_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.unsqueeze.default)
+
+
+def _unit_view_of(node: torch.fx.Node, k: int) -> tuple[torch.fx.Node, list, int] | None:
+    """``(view, shape, position)`` when the only user of the 1-D indexing ``node`` is a view that
+    inserts size-1 axes into its result (``weights[idx].unsqueeze(-1)``): the gather is then made in
+    the view's shape, with the picked dim ``k`` at ``position``, so no reshape follows it."""
+    if len(node.users) != 1:
+        return None
+    view = next(iter(node.users))
+    if view.op != "call_function" or view.target not in _UNIT_VIEWS or not isinstance(meta_of(view), torch.Tensor):
+        return None
+    shape, result = list(meta_of(view).shape), list(meta_of(node).shape)
+    if not static_sizes(shape) or len(shape) <= len(result):
+        return None
+    position, matched = None, 0
+    for p, size in enumerate(shape):
+        if matched < len(result) and size == result[matched]:
+            if matched == k:
+                position = p
+            matched += 1
+        elif size != 1:
+            return None
+    return (view, shape, position) if matched == len(result) and position is not None else None
+
+
+def index_as_gather(graph: torch.fx.GraphModule) -> int:
+    """Rewrite indexing whose result some kernel consumes as a gather (module docstring); returns
+    how many were rewritten. New nodes carry example values.
+
+    The gather is made in the result's own shape ``x[:k] + idx.shape + x[k+1:]`` (or in the shape
+    of a sole view that inserts size-1 axes into it), so no reshape follows it: its source is
+    ``x`` viewed to that rank (size-1 axes where the index has its leading dims, broadcast there
+    by an expand) and its index is ``idx`` viewed into the gathered position and expanded."""
+    rewritten = 0
+    for node in list(graph.graph.nodes):
+        found = _indexing(node)
+        if found is None or not any(classify(user)[0] is not None for user in node.users):
+            continue
+        x, k, idx = found
+        value, index = meta_of(x), meta_of(idx)
+        size = int(value.shape[k])
+        viewed = _unit_view_of(node, k) if index.dim() == 1 else None
+        if viewed is not None:          # gather in the view's shape: x viewed with the same unit axes
+            node, shape, dim = viewed
+            source_shape = [s if p != dim else size for p, s in enumerate(shape)]
+            wide_source = source_shape
+        else:
+            shape = list(value.shape[:k]) + list(index.shape) + list(value.shape[k + 1:])
+            dim = k + index.dim() - 1
+            source_shape = list(value.shape[:k]) + [1] * (index.dim() - 1) + list(value.shape[k:])
+            wide_source = list(shape[:dim]) + [size] + list(shape[dim + 1:])
+        index_shape = [1] * len(shape)
+        for d in range(index.dim()):
+            index_shape[dim - index.dim() + 1 + d] = index.shape[d]
+        with graph.graph.inserting_before(node):
+            source = x
+            if source_shape != list(value.shape):
+                source = _call(graph.graph, aten.view.default, (x, source_shape))
+            if wide_source != source_shape:
+                source = _call(graph.graph, aten.expand.default, (source, wide_source))
+            shaped = _call(graph.graph, aten.reshape.default, (idx, index_shape))
+            negative = _call(graph.graph, aten.lt.Scalar, (shaped, 0))
+            wrapped = _call(graph.graph, aten.add.Tensor, (shaped, size))
+            position = _call(graph.graph, aten.where.self, (negative, wrapped, shaped))
+            wide = _call(graph.graph, aten.expand.default, (position, shape))
+            picked = _call(graph.graph, aten.gather.default, (source, dim, wide))
+        node.replace_all_uses_with(picked)
+        graph.graph.erase_node(node)
+        rewritten += 1
+    if rewritten:
+        graph.graph.eliminate_dead_code()
+        graph.recompile()
+    return rewritten
+
+
+__all__ = ["index_as_gather", "sink_gathers"]

@@ -9,8 +9,8 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from passes.kernel_ir import rules
-from passes.kernel_ir.groups import (CONSTANTS, IOTAS, REDUCTIONS, UNIT_RESHAPES, broadcasts_to, end_padding,
-                                     group_levels, iota_of, meta_of, packet_name, reduction_axes)
+from passes.kernel_ir.groups import (CONSTANTS, GATHER, IOTAS, REDUCTIONS, UNIT_RESHAPES, broadcasts_to, end_padding,
+                                     group_levels, input_gather, iota_of, meta_of, packet_name, reduction_axes)
 
 if TYPE_CHECKING:
     from .dependencies import Dependencies
@@ -48,7 +48,9 @@ class Group:
 
 
 def classify(node: torch.fx.Node) -> tuple[str | None, str]:
-    """('pointwise' | 'reduction' | 'reshape', '') for a fusable node, or (None, reason)."""
+    """('pointwise' | 'reduction' | 'reshape' | 'gather', '') for a fusable node, or (None, reason).
+    A gather (:func:`~passes.kernel_ir.nodes.input_gather`) joins a group like pointwise work but
+    is not elementwise in its source: rewrites that move work across elementwise nodes skip it."""
     if node.op != "call_function":
         return None, f"{node.op} node"
     if not isinstance(node.target, torch._ops.OpOverload):
@@ -71,6 +73,10 @@ def classify(node: torch.fx.Node) -> tuple[str | None, str]:
                 return None, f"{name} mixes devices"
             if meta_of(arg).dtype not in _SUPPORTED_DTYPES:
                 return None, f"{name} reads {meta_of(arg).dtype}"
+    if name == GATHER:
+        if input_gather(node) is None:
+            return None, f"{name} with symbolic sizes, a non-integer index or an index of another shape"
+        return "gather", ""
     if rules.pointwise(name):
         why = rules.problem(node)
         return (None, why) if why is not None else ("pointwise", "")
@@ -110,8 +116,10 @@ def shape_problem(group: Group, node: torch.fx.Node, kind: str) -> str | None:
     levels, why = group_levels(group.nodes + [node], domain, reduced)
     if levels is None:
         return why
-    if kind == "reshape" and levels[node] != "outer" and not _reshapes_member_ramp(group, node):
-        return "reshapes are fused only on reduced (outer) values (or on an index ramp of the group)"
+    if kind == "reshape" and levels[node] != "outer" and not _reshapes_member_ramp(group, node) \
+            and packet_name(node.target) != "aten.expand":
+        return ("reshapes are fused only on reduced (outer) values, on an index ramp of the group, or as "
+                "expands (a broadcast)")
     return stranded_broadcast(levels, domain, reduced)
 
 

@@ -18,8 +18,8 @@ import torch.fx
 from . import rules
 from .symbolic import parse, size_data
 # Node facts live in .nodes; they are re-exported here, where plugins have always read them.
-from .nodes import (CONSTANTS, FLOAT_TYPES, IOTAS, PAD, REDUCTIONS, SOURCES, UNIT_RESHAPES, input_padding,  # noqa: F401
-                    meta_of, packet_name, promoted_dtype, shape_of, value_dtype)
+from .nodes import (CONSTANTS, FLOAT_TYPES, GATHER, IOTAS, PAD, REDUCTIONS, SOURCES, UNIT_RESHAPES,  # noqa: F401
+                    input_gather, input_padding, meta_of, packet_name, promoted_dtype, shape_of, value_dtype)
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -264,6 +264,8 @@ def node_level(node: torch.fx.Node, levels: dict, domain: tuple, reduced: tuple[
         if end_padding(node) is None or levels.get(source) != "full" or shape_of(source) != tuple(domain):
             return None, "pads something other than a full-domain value of the group at its end"
         return "full", ""
+    if packet_name(node.target) == GATHER:
+        return _gather_level(node, shape, levels, domain)
     if iota_of(node) is not None and outer_axis_map(shape, domain, reduced) is None:
         # A ramp is computed from the loop indices, never loaded: any shape can live in the
         # group (a ramp that does not line up with the domain only feeds reshapes of itself,
@@ -301,6 +303,25 @@ def _input_pad_level(node: torch.fx.Node, shape: tuple, domain: tuple, reduced: 
     if any(shape[dim] != domain[offset + dim] for dim, _, _ in padding[0]):
         return None, "a padded dim is broadcast over the domain"
     return "full", ""
+
+
+def _gather_level(node: torch.fx.Node, shape: tuple, levels: dict, domain: tuple) -> tuple[str | None, str]:
+    """The level of a gather (:func:`~.nodes.input_gather`): full, when it gathers from a group
+    input (read with an indirect load) with an index of the group's full level or from outside."""
+    if input_gather(node) is None:
+        return None, "gathers with symbolic sizes, a non-integer index or an index of another shape"
+    if node.args[0] in levels:
+        return None, f"gathers from {node.args[0].name}, which the group computes (only inputs are gathered)"
+    if levels.get(node.args[2], "full") != "full":
+        return None, "its index is a reduced value"
+    if not broadcasts_to(shape, domain):
+        return None, f"shape {shape} does not broadcast to the group's domain {tuple(domain)}"
+    return "full", ""
+
+
+def gathers_inputs(group: "FusedGroup") -> bool:
+    """True when ``group`` reads one of its inputs through a gather (an indirect load)."""
+    return any(n.op == "call_function" and input_gather(n) is not None for n in group.subgraph.graph.nodes)
 
 
 def _lines_up(shape: tuple, domain: tuple, reduced: tuple[int, ...]) -> bool:
@@ -389,9 +410,10 @@ class CompiledKernel:
     def writes_inputs_safely(self) -> bool:
         """True when an output of this kernel may be written into one of its inputs (same shape,
         strides and dtype as the output, both covering the whole domain): a pointwise kernel of a
-        backend that loads an element before storing to the same index (a padded input is read at
-        other indices, so a kernel that pads one never writes into its inputs)."""
-        return self.in_place_capable and self.group.kind == "pointwise" and not pads_inputs(self.group)
+        backend that loads an element before storing to the same index (a padded or gathered input
+        is read at other indices, so a kernel that pads or gathers one never writes into its inputs)."""
+        return self.in_place_capable and self.group.kind == "pointwise" and not pads_inputs(self.group) \
+            and not gathers_inputs(self.group)
 
     @property
     def __name__(self) -> str:

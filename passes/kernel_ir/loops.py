@@ -12,7 +12,7 @@ import attrs
 import torch
 import torch.fx
 
-from .nodes import input_padding, known_sizes, shape_of, strides_of
+from .nodes import gather_view, input_gather, input_padding, known_sizes, shape_of, strides_of
 from .symbolic import Decisions, active, has_dims, sizes
 from .groups import (REDUCTIONS, UNIT_RESHAPES, FusedGroup, broadcasts_to, end_padding, group_levels, iota_of,
                     meta_of, outer_axis_map, packet_name)
@@ -26,12 +26,15 @@ class UnsupportedGroup(Exception):
 class Access:
     """How one tensor is addressed: element strides per loop axis (0 = broadcast). A padded input
     (:func:`~.nodes.input_padding`) is read at ``shift`` elements from there, only where every
-    ``(loop axis, lo, hi)`` of ``bounds`` holds ``lo <= i<axis> < hi``; elsewhere it is ``fill``."""
+    ``(loop axis, lo, hi)`` of ``bounds`` holds ``lo <= i<axis> < hi``; elsewhere it is ``fill``.
+    A gathered input (:func:`~.nodes.input_gather`) is read ``index * stride`` further, with
+    ``(stride, size)`` in ``gather`` and the index the gather node's operand."""
 
     strides: tuple[int, ...]
     shift: int = 0
     bounds: tuple[tuple[int, int, int], ...] = ()
     fill: int | float | bool = 0
+    gather: tuple[int, int] | None = None   # (stride, size) of the dim a gather's index value addresses
 
 
 @attrs.frozen
@@ -128,6 +131,7 @@ def analyze(group: FusedGroup) -> LoopNest:
     passes = max([pass_of[n] for n in nodes if level[n] == "full"] + [0]) + 1
     raw_loads: dict = {}
     padded: dict = {}       # (placeholder, pad node) -> (shift, [(domain axis, lo, hi)], fill)
+    gathered: dict = {}     # (placeholder, gather node) -> (stride, size) of the gathered dim
     for node in nodes:
         reads_full = packet_name(node.target) in REDUCTIONS or level[node] == "full"
         consumer_shape = None if reads_full else shape_of(node)
@@ -141,6 +145,10 @@ def analyze(group: FusedGroup) -> LoopNest:
             # the input through the reshape's layout: a view of the same storage at the same offset.
             view = node if packet_name(node.target) in UNIT_RESHAPES else arg
             shape, strides = shape_of(view), strides_of(view)
+            gather = input_gather(node) if arg is node.args[0] else None
+            if gather is not None:
+                shape, strides = gather_view(node)
+                gathered[(arg, node)] = gather[1:]
             if not (known_sizes(shape) and known_sizes(strides)):
                 raise UnsupportedGroup(f"input {arg.name} has dynamic shape or strides")
             raw_loads[(arg, node)] = _strides_for(shape, strides, consumer_shape, domain, reduced)
@@ -163,7 +171,7 @@ def analyze(group: FusedGroup) -> LoopNest:
     for node, axis in ramp_axes.items():
         ramp = iota_of(node)
         ramps[node] = Ramp(ramp.start, ramp.step, None if axis is None else origin.index(axis))
-    accesses = {k: Access(tuple(v)) for k, v in loads.items()}
+    accesses = {k: Access(tuple(v), gather=gathered.get(k)) for k, v in loads.items()}
     for key, (shift, bounds, fill) in padded.items():
         if any(axis not in origin for axis, _, _ in bounds):
             raise UnsupportedGroup(f"{key[1].name} pads an axis of size 1")

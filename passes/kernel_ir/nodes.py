@@ -70,6 +70,42 @@ def input_padding(node: torch.fx.Node) -> tuple[list[tuple[int, int, int]], Any]
     return regions, value
 
 
+# A gather of a kernel input: ``gather(x, dim, index)`` reads ``x`` at the index's value along ``dim``
+# and at the element's own position along the other axes. Inside a kernel it is a load at an
+# address computed from the index (an indirect load): the gathered rows never exist apart. ``fuse``
+# writes ``x[idx]`` indexing and embeddings as such gathers (passes/fuse/gathers.py).
+GATHER = "aten.gather"
+
+
+def input_gather(node: torch.fx.Node) -> tuple[int, int, int] | None:
+    """``(dim, stride, size)`` of ``x`` along ``dim`` when ``node`` is ``gather(x, dim, index)`` of
+    a tensor ``x`` and an integer index of static shapes with the result's shape (no
+    ``sparse_grad``); a group reads ``x`` at ``index * stride`` plus the element's position along
+    the other axes. None for anything else."""
+    if node.op != "call_function" or packet_name(node.target) != GATHER or node.kwargs.get("sparse_grad"):
+        return None
+    if len(node.args) != 3 or not isinstance(node.args[0], torch.fx.Node) or not isinstance(node.args[2], torch.fx.Node):
+        return None
+    source, index, out = meta_of(node.args[0]), meta_of(node.args[2]), meta_of(node)
+    if not all(isinstance(v, torch.Tensor) for v in (source, index, out)) or source.dim() == 0:
+        return None
+    if index.dtype not in (torch.int32, torch.int64) or not static_sizes(tuple(source.shape) + tuple(index.shape)):
+        return None
+    if not static_sizes(source.stride()) or tuple(index.shape) != tuple(out.shape) or index.dim() != source.dim():
+        return None
+    dim = node.args[1] % source.dim()
+    return dim, int(source.stride(dim)), int(source.shape[dim])
+
+
+def gather_view(node: torch.fx.Node) -> tuple[tuple, tuple]:
+    """``(shape, strides)`` through which a group's gather ``node`` reads its source: the result's
+    shape, the source's strides, and stride 0 along the gathered dim (the index supplies it)."""
+    dim, _, _ = input_gather(node)
+    strides = list(meta_of(node.args[0]).stride())
+    strides[dim] = 0
+    return tuple(meta_of(node).shape), tuple(strides)
+
+
 def packet_name(target: Any) -> str:
     """``aten.add`` for ``aten.add.Tensor`` (the name tables above use)."""
     if isinstance(target, torch._ops.OpOverload):

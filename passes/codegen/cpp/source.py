@@ -16,7 +16,7 @@ import torch
 import torch.fx
 
 from passes.kernel_ir import rules
-from passes.kernel_ir.groups import CONSTANTS, REDUCTIONS, constant_value, meta_of, packet_name
+from passes.kernel_ir.groups import CONSTANTS, REDUCTIONS, constant_value, input_gather, meta_of, packet_name
 from passes.kernel_ir.loops import LoopNest, Ramp, closure
 from passes.kernel_ir.symbolic import render, symbol_name
 
@@ -220,6 +220,14 @@ class KernelWriter:
             expr = ramp_expr(self.nest.ramps[node], ct)
         elif packet_name(node.target) in CONSTANTS:
             expr = literal(constant_value(node), ct)
+        elif input_gather(node) is not None:    # an indirect load at the index's value
+            source, index = node.args[0], node.args[2]
+            access = self.nest.loads[(source, node)]
+            row = self.operand(node, level)(index, "int64_t")
+            expr = load_expr(f"in{self.index[source]}", f"{self.offset(access.strides, level)} + ({row}) * "
+                             f"{c_size(access.gather[0])}", meta_of(source).dtype)
+            if compute_type(meta_of(source).dtype) != ct:
+                expr = f"(({ct}){expr})"
         elif node in self.reciprocal_divs:      # (never in half precision with emulation: no rounding)
             divisor = node.args[1]
             numerator = self.operand(node, level)(node.args[0], ct)

@@ -1,0 +1,202 @@
+"""Indexing inside kernels (passes/fuse/gathers.py ``index_as_gather``, indirect loads in
+passes/kernel_ir/loops.py) and reductions over few elements unrolled (passes/fuse/unroll.py), in
+the C++ backend and in Triton kernels (run under the interpreter; ``TRITON_INTERPRET`` is set
+here, at collection).
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import importlib.util  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from pipeline import compilation_of, compile_with_plan  # noqa: E402
+from pipeline.numerics import compare  # noqa: E402
+from conftest import record_kernels  # noqa: E402
+
+CPP = {"extends": "cpu-inference", "options": {"capture": {"fullgraph": True}}}
+TRITON = {"extends": "cpu-inference", "options": {"codegen": {"backend": "triton"}, "capture": {"fullgraph": True}}}
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+BACKENDS = [pytest.param(CPP, id="cpp"),
+            pytest.param(TRITON, id="triton", marks=pytest.mark.skipif(not HAS_TRITON, reason="no triton"))]
+KERNELS: list = []      # the Triton kernels of the last Triton compile
+
+
+@pytest.fixture(autouse=True)
+def _record_kernels(monkeypatch, request):
+    if HAS_TRITON:
+        from passes.codegen.triton import runtime as triton_runtime
+        record_kernels(monkeypatch, request, KERNELS, lambda target: isinstance(target, triton_runtime.TritonKernel))
+    else:
+        torch._dynamo.reset()
+    yield
+
+
+def with_fuse(plan: dict, **options) -> dict:
+    return {**plan, "options": {**plan["options"], "fuse": options}}
+
+
+def compiled_record(fn, *args, plan=CPP):
+    torch._dynamo.reset()
+    compiled = compile_with_plan(fn, plan)
+    with torch.no_grad():
+        problem = compare(fn(*args), compiled(*args))
+    assert problem is None, problem
+    return compilation_of(compiled).graphs[0]
+
+
+def externs(record) -> int:
+    """ATen calls other than views (a view of a gathered input is an alias, no work)."""
+    return sum(n for name, n in record.contents["extern_calls"].items() if "view" not in name and "expand" not in name)
+
+
+def rows_times(x, idx, w):
+    """Rows of ``x`` picked by ``idx``, scaled: a mixture-of-experts layer's token gather."""
+    return x[idx] * w
+
+
+def embedding_norm(ids, table, w):
+    """A language model's first lines: token embeddings into a layer norm."""
+    return F.layer_norm(F.embedding(ids, table), (table.shape[1],), w)
+
+
+def weighted_rows(y, order, weights):
+    """Each row scaled by its routing weight, both picked in the same order."""
+    return y[order] * weights[order].unsqueeze(-1)
+
+
+def columns(x, idx):
+    return (x[:, idx] + 1.0).relu()
+
+
+def top2_combine(y, residual):
+    """A mixture-of-experts layer's combine: each token's two expert rows summed, plus the residual,
+    then an RMS norm."""
+    mixed = y.view(residual.shape[0], 2, residual.shape[1]).sum(1) + residual
+    return mixed * torch.rsqrt(mixed.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+@pytest.mark.parametrize("plan", BACKENDS)
+@pytest.mark.parametrize("fn,args", [
+    (rows_times, (torch.randn(9, 16), torch.randint(0, 9, (12,)), torch.randn(16))),
+    (rows_times, (torch.randn(9, 16), torch.randint(-9, 9, (12,), dtype=torch.int32), torch.randn(16))),
+    (embedding_norm, (torch.randint(0, 20, (2, 5)), torch.randn(20, 24), torch.randn(24))),
+    (embedding_norm, (torch.randint(0, 20, (2, 5)), torch.randn(20, 24, dtype=torch.bfloat16),
+                      torch.randn(24, dtype=torch.bfloat16))),
+    (weighted_rows, (torch.randn(10, 8), torch.randperm(10), torch.rand(10))),
+    (columns, (torch.randn(3, 7, 4), torch.tensor([6, 0, -1, 2]))),
+], ids=["rows", "rows_int32_negative", "embedding_norm", "embedding_norm_bf16", "weighted_rows", "columns"])
+def test_indexing_is_read_by_the_consuming_kernel(plan, fn, args):
+    record = compiled_record(fn, *args, plan=plan)
+    assert record.kernels == 1 and externs(record) == 0, record.final_code
+    assert "aten_index" not in record.final_code and "aten_embedding" not in record.final_code
+    assert any("computed as gathers" in n["message"] for n in record.notes)
+
+
+def test_gather_loads_off_keeps_the_aten_call():
+    record = compiled_record(rows_times, torch.randn(9, 16), torch.randint(0, 9, (12,)), torch.randn(16),
+                             plan=with_fuse(CPP, gather_loads=False))
+    assert "aten_index" in record.final_code and record.kernels == 1
+
+
+def test_indexing_read_only_by_an_extern_call_stays_aten():
+    record = compiled_record(lambda x, idx, w: x[idx] @ w, torch.randn(9, 16), torch.randint(0, 9, (4,)),
+                             torch.randn(16, 3))
+    assert "aten_index" in record.final_code and record.kernels == 0
+
+
+@pytest.mark.parametrize("plan", BACKENDS)
+def test_a_gathered_input_is_never_the_output_buffer(plan):
+    """A permutation of a kernel's dying intermediate reads it at other rows than it writes: the
+    kernel must not write its result into the intermediate (donation)."""
+    def permute_rows(x, order):
+        y = x.exp() @ torch.eye(x.shape[1])       # an extern result no one else reads
+        return y[order] + 1.0
+
+    x, order = torch.randn(8, 4), torch.randperm(8)
+    record = compiled_record(permute_rows, x, order, plan=plan)
+    assert record.kernels == 2
+
+
+@pytest.mark.parametrize("plan", BACKENDS)
+def test_a_sum_over_two_rows_joins_the_norm_kernel(plan):
+    record = compiled_record(top2_combine, torch.randn(12, 16), torch.randn(6, 16), plan=plan)
+    assert record.kernels == 1, record.final_code
+    assert any("computed elementwise" in n["message"] for n in record.notes)
+
+
+def test_unroll_reductions_zero_keeps_the_reduction_kernel():
+    record = compiled_record(top2_combine, torch.randn(12, 16), torch.randn(6, 16),
+                             plan=with_fuse(CPP, unroll_reductions=0))
+    assert record.kernels == 2
+
+
+@pytest.mark.parametrize("plan", BACKENDS)
+@pytest.mark.parametrize("reduce", ["sum", "mean", "amax", "amin", "sum_keepdim", "sum_all", "bool_sum"])
+def test_small_reductions_unrolled_match_eager(plan, reduce):
+    def fn(x, r):
+        y = x.view(r.shape[0], 3, r.shape[1])
+        if reduce == "sum_keepdim":
+            out = y.sum(1, keepdim=True).squeeze(1)
+        elif reduce == "sum_all":
+            out = x.view(-1)[:5].sum() + r
+        elif reduce == "bool_sum":
+            out = (y > 0).sum(1) + r
+        else:
+            out = getattr(y, reduce)(1)
+        return out + r
+
+    for dtype in (torch.float32, torch.bfloat16):
+        record = compiled_record(fn, torch.randn(15, 4, dtype=dtype), torch.randn(5, 4, dtype=dtype), plan=plan)
+        assert record.kernels == 1, record.final_code
+
+
+def test_a_softmax_over_few_elements_stays_a_reduction():
+    """Its kernel already holds the work that reads the max: unrolled it would only read more inputs."""
+    record = compiled_record(lambda x: torch.softmax(x, -1), torch.randn(6, 4))
+    assert record.kernels == 1 and not any("computed elementwise" in n["message"] for n in record.notes)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="no triton")
+def test_kernels_with_indirect_loads_compile_for_sm90():
+    """The gathers' indirect loads compile to PTX and a cubin for the H200, no GPU needed."""
+    from passes.codegen.triton.runtime import compile_all_for_sm90
+    made = []
+    for fn, args in [(rows_times, (torch.randn(9, 16), torch.randint(0, 9, (12,)), torch.randn(16))),
+                     (embedding_norm, (torch.randint(0, 20, (2, 5)), torch.randn(20, 24, dtype=torch.bfloat16),
+                                       torch.randn(24, dtype=torch.bfloat16)))]:
+        compiled_record(fn, *args, plan=TRITON)
+        made += KERNELS
+    results = compile_all_for_sm90(made)
+    assert len(results) == 2 and all(r["ptx_bytes"] > 0 and r["cubin_bytes"] > 0 for r in results)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(rows=st.integers(1, 7), width=st.sampled_from([1, 3, 8]), picks=st.integers(1, 9), dim=st.integers(0, 1),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.int64]), negative=st.booleans(),
+       reduced=st.integers(1, 4), seed=st.integers(0, 2 ** 16))
+def test_random_gathers_and_small_sums_match_eager(rows, width, picks, dim, dtype, negative, reduced, seed):
+    """Random row or column picks (wrapped negative indices, any dtype) feeding elementwise work and
+    a sum over a few picked entries, compiled with the C++ backend, against eager."""
+    generator = torch.Generator().manual_seed(seed)
+    shape = (rows, width)
+    x = (torch.randn(shape, generator=generator) * 4).to(dtype)
+    size = shape[dim]
+    low = -size if negative else 0
+    idx = torch.randint(low, size, (picks * reduced,), generator=generator)
+
+    def fn(x, idx):
+        picked = x[idx] if dim == 0 else x[:, idx]
+        scaled = picked * 2 + 1
+        if dim == 0:
+            return scaled.view(picks, reduced, width).sum(1)
+        return scaled.view(rows, picks, reduced).amax(2)
+
+    compiled_record(fn, x, idx)
