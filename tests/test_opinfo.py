@@ -37,7 +37,7 @@ SUBSET = {
     "nn.functional.instance_norm": "generated", "sum_to_size": "generated",
     "mm": "extern", "addmm": "extern", "bmm": "extern", "nn.functional.conv2d": "extern",
     "cat": "extern", "permute": "extern", "narrow": "extern", "index_select": "extern",
-    "gather": "extern", "flip": "extern", "fft.ifft": "extern", "nn.functional.pad.circular": "extern",
+    "gather": "generated", "flip": "extern", "fft.ifft": "extern", "nn.functional.pad.circular": "extern",
     "view_as_real": "extern", "nn.functional.cross_entropy": "generated",
     "bernoulli": "generated",
     # data-dependent output shapes (capture.data_dependent), an effect token (linalg error checks),

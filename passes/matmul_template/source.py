@@ -23,7 +23,7 @@ import attrs
 import torch
 import torch.fx
 
-from passes.kernel_ir.groups import FusedGroup, input_padding, iota_of, meta_of, packet_name
+from passes.kernel_ir.groups import FusedGroup, input_gather, input_padding, iota_of, meta_of, packet_name
 from passes.kernel_ir.loops import Access, LoopNest, UnsupportedGroup
 
 from passes.codegen.triton.ops import SIGNATURE_TYPES, helper_source, round_to
@@ -211,6 +211,8 @@ def template_plan(group: FusedGroup) -> TemplatePlan:
             raise UnsupportedGroup(f"{node.name} is an index ramp (the template has no loop indices for it)")
         if input_padding(node) is not None and node.args[0].op == "placeholder":
             raise UnsupportedGroup(f"{node.name} pads an input (the template has no loop indices for its mask)")
+        if input_gather(node) is not None:
+            raise UnsupportedGroup(f"{node.name} gathers an input (the template's epilogue has no indirect loads)")
         for arg in node.all_input_nodes:
             if arg.op != "placeholder":
                 continue

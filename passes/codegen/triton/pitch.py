@@ -86,8 +86,8 @@ def pitch_nest(nest: LoopNest) -> LoopNest | None:
     sizes = nest.sizes
     if len(sizes) < 2 or getattr(nest, "pitch", None) is not None:
         return None
-    if any(access.bounds for access in nest.loads.values()):
-        return None     # padded inputs are masked per element already
+    if any(access.bounds or access.gather for access in nest.loads.values()):
+        return None     # padded inputs are masked per element already; gathered ones read other rows
     axis = len(sizes) - 1
     size = sizes[axis]
     if size % VECTOR == 0:
