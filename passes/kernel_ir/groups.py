@@ -320,8 +320,11 @@ def _gather_level(node: torch.fx.Node, shape: tuple, levels: dict, domain: tuple
 
 
 def gathers_inputs(group: "FusedGroup") -> bool:
-    """True when ``group`` reads one of its inputs through a gather (an indirect load)."""
-    return any(n.op == "call_function" and input_gather(n) is not None for n in group.subgraph.graph.nodes)
+    """True when ``group`` reads one of its inputs through a gather (an indirect load). Read from
+    the nodes alone, like :func:`pads_inputs` (a group loaded from the compile cache carries no
+    example values)."""
+    return any(n.op == "call_function" and packet_name(n.target) == GATHER and n.args[0].op == "placeholder"
+               for n in group.subgraph.graph.nodes)
 
 
 def _lines_up(shape: tuple, domain: tuple, reduced: tuple[int, ...]) -> bool:

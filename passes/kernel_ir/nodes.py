@@ -86,6 +86,8 @@ def input_gather(node: torch.fx.Node) -> tuple[int, int, int] | None:
         return None
     if len(node.args) != 3 or not isinstance(node.args[0], torch.fx.Node) or not isinstance(node.args[2], torch.fx.Node):
         return None
+    if type(node.args[1]) is not int:
+        return None
     source, index, out = meta_of(node.args[0]), meta_of(node.args[2]), meta_of(node)
     if not all(isinstance(v, torch.Tensor) for v in (source, index, out)) or source.dim() == 0:
         return None
