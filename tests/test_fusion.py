@@ -658,3 +658,16 @@ def test_slices_of_elementwise_chains_preserve_semantics(rows, cols, dim, how, o
 
     torch._dynamo.reset()
     compiled_record(f, x, y)
+
+
+def test_pointwise_siblings_reading_one_input_are_one_kernel():
+    """Two conversions of one tensor for two extern calls: one launch reads it once for both."""
+    def two_histograms(s):
+        return torch.histc(s.float(), 4, 0, 3), torch.histc((s * 2).float(), 4, 0, 3)
+
+    torch._dynamo.reset()
+    s = torch.randint(0, 5, (16,))
+    compiled = compile_with_plan(two_histograms, "default")
+    for got, want in zip(compiled(s), two_histograms(s)):
+        assert compare(want, got) is None
+    assert compilation_of(compiled).graphs[0].kernels == 1

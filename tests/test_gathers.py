@@ -200,3 +200,27 @@ def test_random_gathers_and_small_sums_match_eager(rows, width, picks, dim, dtyp
         return scaled.view(rows, picks, reduced).amax(2)
 
     compiled_record(fn, x, idx)
+
+
+@pytest.mark.parametrize("plan", BACKENDS)
+def test_index_arithmetic_joins_the_gathering_kernel(plan):
+    """A mixture-of-experts layer's token of each slot, ``x[order // top_k]``: the floor division
+    (by a literal) is computed by the kernel that gathers the rows."""
+    def tokens_of_slots(x, order, w):
+        return x[torch.div(order, 2, rounding_mode="floor")] * w
+
+    record = compiled_record(tokens_of_slots, torch.randn(6, 8), torch.randperm(12), torch.randn(8), plan=plan)
+    assert record.kernels == 1 and externs(record) == 0, record.final_code
+
+
+def test_an_index_ramp_only_extern_calls_read_is_a_stored_constant():
+    """An inverse permutation ``index_put(empty, [order], arange(n))``: the ramp is stored once,
+    not made by an ATen call on every run."""
+    def inverse(order, y):
+        slots = torch.empty_like(order)
+        slots[order] = torch.arange(order.shape[0])
+        return y[slots] + 1.0
+
+    record = compiled_record(inverse, torch.randperm(10), torch.randn(10, 4))
+    assert "aten_arange" not in record.final_code
+    assert any("index ramp(s) outside kernels stored" in n["message"] for n in record.notes)

@@ -158,7 +158,9 @@ SAMPLES: dict[str, list[Case]] = {
     "aten.sub": binary(aten.sub.Tensor, FLOATS + INTS, scalar=2)
     + [Case("alpha", lambda x, y: aten.sub.Tensor(x, y, alpha=2), lambda: [values(I64), values(I64)])],
     "aten.mul": binary(aten.mul.Tensor, FLOATS + INTS + (BOOL,), scalar=0.5),
-    "aten.div": binary(aten.div.Tensor, FLOATS + INTS, scalar=3.0),
+    "aten.div": binary(aten.div.Tensor, FLOATS + INTS, scalar=3.0)
+    + [Case(f"{d} {mode} by {k}", (lambda x, mode=mode, k=k: aten.div.Tensor_mode(x, k, rounding_mode=mode)),
+            (lambda d=d: [values(d)])) for d in INTS for mode in ("floor", "trunc") for k in (3, -2)],
     "prims.div": binary(prims.div.default, FLOATS, mixed=False),
     "aten.neg": unary(aten.neg.default, FLOATS + INTS),
     "aten.abs": unary(aten.abs.default, FLOATS + INTS),
@@ -274,7 +276,10 @@ def node_of(fn: Callable, *inputs: torch.Tensor, name: str) -> torch.fx.Node:
 
 
 REFUSALS = {
-    "div with rounding_mode": (lambda x: aten.div.Tensor_mode(x, x, rounding_mode="floor"), [values(F32)], "aten.div"),
+    "div with rounding_mode='floor' of floating point values": (
+        lambda x: aten.div.Tensor_mode(x, x, rounding_mode="floor"), [values(F32)], "aten.div"),
+    "integer division by a tensor (eager raises on a zero divisor; a kernel cannot)": (
+        lambda x: aten.div.Tensor_mode(x, x, rounding_mode="floor"), [torch.arange(1, 7)], "aten.div"),
     "integer division": (lambda x: prims.div.default(x, x), [torch.arange(1, 7)], "prims.div"),
     "_to_copy that changes more than the dtype": (
         lambda x: aten._to_copy.default(x, dtype=F16, non_blocking=True), [values(F32)], "aten._to_copy"),

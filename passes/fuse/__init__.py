@@ -26,11 +26,11 @@ from pipeline import compat
 from passes.kernel_ir.groups import FusedGroup, end_padding, input_padding, meta_of, reduction_axes
 from passes.kernel_ir import rules
 
-from .canonicalize import FUSION_DECOMPOSITIONS, fold_lone_scalar_fills, split_shared_sources, without_conv_bias
+from .canonicalize import FUSION_DECOMPOSITIONS, fold_lone_sources, split_shared_sources, without_conv_bias
 from .choices import FusionChoices
 from .dependencies import Dependencies
 from .legality import (Group, can_grow, classify, creates_cycle, independent_merge_problem, input_pad_problem,
-                       input_reshape_problem, merge_problem, shape_problem, sources_only)
+                       input_reshape_problem, merge_problem, outside_inputs, shape_problem, sources_only)
 from .cats import pointwise_cats
 from .gathers import index_as_gather, sink_gathers
 from .onehot import sum_one_hots
@@ -87,7 +87,7 @@ class Fuse(Pass):
 
     name = "fuse"
     Options = FuseOptions
-    version = "22"
+    version = "23"
     cache_material = rules.cache_material   # rules a plugin adds or replaces change the output
     requires = frozenset({"functional", "aten"})
     provides = frozenset({"fused"})
@@ -152,9 +152,10 @@ class Fuse(Pass):
         context.note(f"{len(kept)} fused group(s) from "
                      f"{sum(len(g.nodes) for g in kept)} nodes", topic="fusion")
         graph = rebuild(graph, kept)
-        folded = fold_lone_scalar_fills(graph)
+        folded = fold_lone_sources(graph)
         if folded:
-            context.note(f"{folded} one-element fill(s) outside kernels stored as constants", topic="fusion")
+            context.note(f"{folded} one-element fill(s) or index ramp(s) outside kernels stored as constants",
+                         topic="fusion")
         return graph
 
     def form_groups(self, graph: torch.fx.GraphModule, context: PassContext) -> list[Group]:
@@ -227,6 +228,7 @@ class Fuse(Pass):
                            choices: FusionChoices, note) -> None:
         """Merge each reduction group into the reduction group formed just before it, where legal
         (:func:`independent_merge_problem`) and wanted (``choices.merge_independent``)."""
+        Fuse._merge_pointwise_siblings(groups, group_of, depends_on, order, choices)
         previous = None
         for group in groups:
             if not group.nodes or not group.reduced:
@@ -239,6 +241,35 @@ class Fuse(Pass):
                 if problem is not None and problem != "different domains or reduced axes":
                     note(f"group {group.id} not merged into group {previous.id}: {problem}")
             previous = group
+
+    @staticmethod
+    def _merge_pointwise_siblings(groups: list[Group], group_of: dict, depends_on: Dependencies, order: dict,
+                                  choices: FusionChoices) -> None:
+        """Merge each pointwise group into an earlier pointwise group over the same domain that reads
+        one of the same inputs, where legal (:func:`independent_merge_problem`) and wanted
+        (``choices.merge_independent``): one launch reads the shared input once for both (a sorted
+        index converted for a histogram and compared for a mask)."""
+        readers: dict = {}      # outside input -> pointwise groups reading it, in formation order
+        for group in groups:
+            if not group.nodes or group.reduced or sources_only(group):
+                continue
+            inputs = [a for a in outside_inputs(group) if isinstance(meta_of(a), torch.Tensor)]
+            target = None
+            for arg in inputs:
+                for earlier in readers.get(arg, []):
+                    if earlier.nodes and tuple(earlier.domain) == tuple(group.domain) \
+                            and independent_merge_problem(earlier, group, depends_on) is None \
+                            and choices.merge_independent(earlier, group):
+                        target = earlier
+                        break
+                if target is not None:
+                    break
+            if target is not None:
+                _absorb(target, group, group_of, depends_on, order)
+                group = target
+            for arg in inputs:
+                if group not in readers.setdefault(arg, []):
+                    readers[arg].append(group)
 
     @staticmethod
     def _merge_siblings(target: Group, node: torch.fx.Node, group_of: dict, depends_on: Dependencies,

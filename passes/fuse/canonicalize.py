@@ -251,29 +251,42 @@ def split_shared_sources(graph, fusable) -> int:
     return made
 
 
-def fold_lone_scalar_fills(graph) -> int:
-    """Replace each one-element fill that no kernel absorbed (it feeds extern calls, or kernels
-    that take it as an input) by a stored constant: as an ATen call it would allocate on the
-    device and launch a fill on every run. Fills the graph returns stay calls, since the caller
-    may write into what it gets. Returns the number folded."""
-    from passes.kernel_ir.groups import CONSTANTS, constant_value, meta_of, packet_name
+MAX_FOLDED_RAMP = 1 << 16   # most elements of an index ramp outside kernels stored as a constant
+
+
+def fold_lone_sources(graph) -> int:
+    """Replace each one-element fill, and each 1-D integer index ramp of at most
+    ``MAX_FOLDED_RAMP`` elements, that no kernel absorbed (it feeds extern calls, or kernels that
+    take it as an input) by a stored constant: as an ATen call it would allocate on the device and
+    launch a fill (a ramp: an ``arange``) on every run (a mixture-of-experts layer's inverse
+    permutation scatters ``arange(tokens)``). Values the graph returns stay calls, since the
+    caller may write into what it gets. Returns the number folded."""
+    from passes.kernel_ir.groups import CONSTANTS, IOTAS, constant_value, iota_of, meta_of, packet_name
     output = next(n for n in graph.graph.nodes if n.op == "output")
     returned = set(output.all_input_nodes)
     folded = 0
     for node in list(graph.graph.nodes):
-        if node.op != "call_function" or packet_name(node.target) not in CONSTANTS or node in returned:
+        if node.op != "call_function" or node in returned:
             continue
+        name = packet_name(node.target)
         value = meta_of(node)
-        if not isinstance(value, torch.Tensor) or value.numel() != 1 or \
-                not all(type(s) is int for s in value.shape):
+        if name not in CONSTANTS | IOTAS or not isinstance(value, torch.Tensor) \
+                or not all(type(s) is int for s in value.shape):
             continue
-        name = f"_fill_{folded}_{node.name}"
-        while hasattr(graph, name):
-            name += "_"
-        graph.register_buffer(name, torch.full(tuple(value.shape), constant_value(node), dtype=value.dtype,
-                                               device=value.device))
+        if name in CONSTANTS and value.numel() == 1:
+            stored = torch.full(tuple(value.shape), constant_value(node), dtype=value.dtype, device=value.device)
+        elif name in IOTAS and iota_of(node) is not None and 1 < value.numel() <= MAX_FOLDED_RAMP:
+            ramp = iota_of(node)
+            stored = torch.arange(ramp.start, ramp.start + ramp.step * value.numel(), ramp.step,
+                                  dtype=value.dtype, device=value.device)
+        else:
+            continue
+        attribute = f"_fill_{folded}_{node.name}"
+        while hasattr(graph, attribute):
+            attribute += "_"
+        graph.register_buffer(attribute, stored)
         with graph.graph.inserting_before(node):
-            constant = graph.graph.get_attr(name)
+            constant = graph.graph.get_attr(attribute)
         constant.meta = dict(node.meta)
         node.replace_all_uses_with(constant)
         graph.graph.erase_node(node)

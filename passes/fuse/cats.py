@@ -31,13 +31,12 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from pipeline import compat
 from passes.kernel_ir.groups import iota_of, meta_of, packet_name
 from passes.kernel_ir.nodes import input_padding, static_sizes
 
 from .legality import classify
 from .slices import slice_bounds
-from .views import LAYOUT_FREE
+from .views import LAYOUT_FREE, call_with_value
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -97,9 +96,9 @@ def _select(graph: torch.fx.Graph, node: torch.fx.Node, pieces: list) -> torch.f
     value = meta_of(node)
     dim = _dim(node) % value.dim()
     total = value.shape[dim]
-    ramp = _call(graph, prims.iota.default, (total,), {
+    ramp = call_with_value(graph, prims.iota.default, (total,), {
         "start": 0, "step": 1, "dtype": torch.int64, "device": value.device, "requires_grad": False})
-    index = _call(graph, aten.view.default, (ramp, [total] + [1] * (value.dim() - dim - 1)))
+    index = call_with_value(graph, aten.view.default, (ramp, [total] + [1] * (value.dim() - dim - 1)))
     padded, start = [], 0
     for piece in pieces:
         size = meta_of(piece).shape[dim]
@@ -107,7 +106,8 @@ def _select(graph: torch.fx.Graph, node: torch.fx.Node, pieces: list) -> torch.f
         start += size
     result = padded[-1][0]
     for piece, end in reversed(padded[:-1]):
-        result = _call(graph, aten.where.self, (_call(graph, aten.lt.Scalar, (index, end)), piece, result))
+        below = call_with_value(graph, aten.lt.Scalar, (index, end))
+        result = call_with_value(graph, aten.where.self, (below, piece, result))
     return result
 
 
@@ -133,29 +133,30 @@ class _Placed:
         shape[axis] += self.before + self.after
         if self.depth < MAX_DEPTH and _elementwise(node):
             self.depth += 1
-            return _call(self.graph, node.target, tuple(self._operand(a) for a in node.args),
+            return call_with_value(self.graph, node.target, tuple(self._operand(a) for a in node.args),
                          {k: self._operand(v) for k, v in node.kwargs.items()})
         if self.depth < MAX_DEPTH and _slice_of_elementwise(node):
             return self.of(self._sliced_operands(node))
         if packet_name(node.target) == "aten.full" and node.op == "call_function":
-            return _call(self.graph, node.target, (shape, *node.args[1:]), dict(node.kwargs))
+            return call_with_value(self.graph, node.target, (shape, *node.args[1:]), dict(node.kwargs))
         ramp = iota_of(node)
         if ramp is not None and ramp.axis == axis:      # the ramp continued over the placed extent
-            line = _call(self.graph, prims.iota.default, (shape[axis],), {
+            line = call_with_value(self.graph, prims.iota.default, (shape[axis],), {
                 "start": ramp.start - self.before * ramp.step, "step": ramp.step, "dtype": value.dtype,
                 "device": value.device, "requires_grad": False})
             unit = [1] * len(shape)
             unit[axis] = shape[axis]
-            return _call(self.graph, aten.expand.default, (
-                _call(self.graph, aten.view.default, (line, unit)), shape))
+            return call_with_value(self.graph, aten.expand.default, (
+                call_with_value(self.graph, aten.view.default, (line, unit)), shape))
         pad = [0, 0] * (value.dim() - 1 - axis) + [self.before, self.after]
         inner = input_padding(node)
         if inner is not None:           # a pad of a pad: one pad (the outer fill is never selected)
             source, widths, fill = node.args[0], list(node.args[1]), inner[1]
             widths += [0] * (len(pad) - len(widths))
             pad += [0] * (len(widths) - len(pad))
-            return _call(self.graph, aten.constant_pad_nd.default, (source, [a + b for a, b in zip(pad, widths)], fill))
-        return _call(self.graph, aten.constant_pad_nd.default, (node, pad, 0))
+            return call_with_value(self.graph, aten.constant_pad_nd.default,
+                                   (source, [a + b for a, b in zip(pad, widths)], fill))
+        return call_with_value(self.graph, aten.constant_pad_nd.default, (node, pad, 0))
 
     def _sliced_operands(self, cut: torch.fx.Node) -> torch.fx.Node:
         """``f(slice(a), b)`` for ``cut = slice(f(a, b))``: the slice of an elementwise result is
@@ -172,8 +173,8 @@ class _Placed:
             axis = dim - (rank - value.dim())
             if axis < 0 or value.shape[axis] == 1:
                 return arg
-            return _call(self.graph, aten.slice.Tensor, (arg, axis, start, end))
-        return _call(self.graph, source.target, tuple(sliced(a) for a in source.args),
+            return call_with_value(self.graph, aten.slice.Tensor, (arg, axis, start, end))
+        return call_with_value(self.graph, source.target, tuple(sliced(a) for a in source.args),
                      {k: sliced(v) for k, v in source.kwargs.items()})
 
     def _operand(self, arg):
@@ -188,11 +189,6 @@ class _Placed:
         return self.of(arg)
 
 
-def _call(graph: torch.fx.Graph, target, args: tuple, kwargs: dict | None = None) -> torch.fx.Node:
-    """A new node with its example value (a later cat's pieces may be this rewrite's nodes)."""
-    node = graph.call_function(target, args, kwargs or {})
-    node.meta["val"] = compat.example_value(node)
-    return node
 
 
 def _slice_of_elementwise(node: torch.fx.Node) -> bool:

@@ -34,7 +34,8 @@ class FusionChoices:
         return FusionScore(bytes_saved=saved, reason=f"keeps {saved} intermediate bytes in registers")
 
     def merge_independent(self, first, second) -> bool:
-        """Whether two reductions over the same domain that share no value should be one kernel:
-        one launch instead of two (the bias and norm-weight gradient sums of a transformer's
-        backward), while the merged group stays within the size limit."""
+        """Whether two independent groups over the same domain (two reductions, or two pointwise
+        groups reading a common input) should be one kernel: one launch instead of two (the bias
+        and norm-weight gradient sums of a transformer's backward), while the merged group stays
+        within the size limit."""
         return len(first.nodes) + len(second.nodes) <= self.max_group_size

@@ -30,11 +30,11 @@ from typing import Any
 import torch
 import torch.fx
 
-from pipeline import compat
 from passes.kernel_ir.groups import meta_of
 from passes.kernel_ir.nodes import static_sizes
 
 from .legality import classify
+from .views import call_with_value
 
 aten = torch.ops.aten
 
@@ -170,10 +170,6 @@ def _indexing(node: torch.fx.Node) -> tuple[torch.fx.Node, int, torch.fx.Node] |
     return x, k, idx
 
 
-def _call(graph: torch.fx.Graph, target, args: tuple, kwargs: dict | None = None) -> torch.fx.Node:
-    node = graph.call_function(target, args, kwargs or {})
-    node.meta["val"] = compat.example_value(node)
-    return node
 
 
 _UNIT_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.unsqueeze.default)
@@ -234,15 +230,15 @@ def index_as_gather(graph: torch.fx.GraphModule) -> int:
         with graph.graph.inserting_before(node):
             source = x
             if source_shape != list(value.shape):
-                source = _call(graph.graph, aten.view.default, (x, source_shape))
+                source = call_with_value(graph.graph, aten.view.default, (x, source_shape))
             if wide_source != source_shape:
-                source = _call(graph.graph, aten.expand.default, (source, wide_source))
-            shaped = _call(graph.graph, aten.reshape.default, (idx, index_shape))
-            negative = _call(graph.graph, aten.lt.Scalar, (shaped, 0))
-            wrapped = _call(graph.graph, aten.add.Tensor, (shaped, size))
-            position = _call(graph.graph, aten.where.self, (negative, wrapped, shaped))
-            wide = _call(graph.graph, aten.expand.default, (position, shape))
-            picked = _call(graph.graph, aten.gather.default, (source, dim, wide))
+                source = call_with_value(graph.graph, aten.expand.default, (source, wide_source))
+            shaped = call_with_value(graph.graph, aten.reshape.default, (idx, index_shape))
+            negative = call_with_value(graph.graph, aten.lt.Scalar, (shaped, 0))
+            wrapped = call_with_value(graph.graph, aten.add.Tensor, (shaped, size))
+            position = call_with_value(graph.graph, aten.where.self, (negative, wrapped, shaped))
+            wide = call_with_value(graph.graph, aten.expand.default, (position, shape))
+            picked = call_with_value(graph.graph, aten.gather.default, (source, dim, wide))
         node.replace_all_uses_with(picked)
         graph.graph.erase_node(node)
         rewritten += 1

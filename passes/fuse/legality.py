@@ -241,22 +241,23 @@ def merge_problem(target: Group, other: Group, node: torch.fx.Node, depends_on: 
     return None
 
 
-def _outside_inputs(group: Group) -> set:
+def outside_inputs(group: Group) -> set:
     return {a for n in group.nodes for a in n.all_input_nodes if a not in group.members}
 
 
 def independent_merge_problem(first: Group, second: Group, depends_on: "Dependencies") -> str | None:
-    """Why two reductions that share no value cannot become one kernel (None if they can): they
-    must iterate the same domain, reduce the same axes on the same device, and neither may depend
-    on the other (then the merged kernel can run where the later one would)."""
-    if not first.reduced or not second.reduced:
-        return "not two reductions"
+    """Why two groups that share no computed value cannot become one kernel (None if they can):
+    both reductions or both pointwise, they must iterate the same domain, reduce the same axes on
+    the same device, and neither may depend on the other (then the merged kernel can run where the
+    later one would)."""
+    if bool(first.reduced) != bool(second.reduced):
+        return "a reduction and a pointwise group"
     if first.device != second.device:
         return "different devices"
     if tuple(first.domain) != tuple(second.domain) or tuple(first.reduced) != tuple(second.reduced):
         return "different domains or reduced axes"
     for a, b in ((first, second), (second, first)):
-        if any(arg in a.members or depends_on.reaches(arg, a.id) for arg in _outside_inputs(b)):
+        if any(arg in a.members or depends_on.reaches(arg, a.id) for arg in outside_inputs(b)):
             return f"group {b.id} depends on group {a.id}"
     return None
 

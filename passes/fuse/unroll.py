@@ -27,11 +27,11 @@ import math
 import torch
 import torch.fx
 
-from pipeline import compat
 from passes.kernel_ir.groups import meta_of
 from passes.kernel_ir.nodes import SOURCES, packet_name, static_sizes
 
 from .legality import classify
+from .views import call_with_value
 
 aten = torch.ops.aten
 
@@ -144,10 +144,6 @@ def _feeds_only(source: torch.fx.Node, reduction: torch.fx.Node, dims: list[int]
     return True
 
 
-def _call(graph: torch.fx.Graph, target, args: tuple, kwargs: dict | None = None) -> torch.fx.Node:
-    node = graph.call_function(target, args, kwargs or {})
-    node.meta["val"] = compat.example_value(node)
-    return node
 
 
 def _unrolled(graph: torch.fx.Graph, kind: str, source: torch.fx.Node, dims: list[int], keepdim: bool,
@@ -161,17 +157,17 @@ def _unrolled(graph: torch.fx.Graph, kind: str, source: torch.fx.Node, dims: lis
     for point in itertools.product(*(range(value.shape[d]) for d in dims)):
         piece = source
         for d, i in zip(dims, point):
-            piece = _call(graph, aten.slice.Tensor, (piece, d, i, i + 1))
+            piece = call_with_value(graph, aten.slice.Tensor, (piece, d, i, i + 1))
         if meta_of(piece).dtype != accumulate:
-            piece = _call(graph, aten._to_copy.default, (piece,), {"dtype": accumulate})
-        total = piece if total is None else _call(graph, _COMBINE[kind], (total, piece))
+            piece = call_with_value(graph, aten._to_copy.default, (piece,), {"dtype": accumulate})
+        total = piece if total is None else call_with_value(graph, _COMBINE[kind], (total, piece))
     if kind == "mean":
         count = math.prod(value.shape[d] for d in dims)
-        total = _call(graph, aten.div.Tensor, (total, count))
+        total = call_with_value(graph, aten.div.Tensor, (total, count))
     if meta_of(total).dtype != out_dtype:
-        total = _call(graph, aten._to_copy.default, (total,), {"dtype": out_dtype})
+        total = call_with_value(graph, aten._to_copy.default, (total,), {"dtype": out_dtype})
     if not keepdim:
-        total = _call(graph, aten.squeeze.dims, (total, dims))
+        total = call_with_value(graph, aten.squeeze.dims, (total, dims))
     return total
 
 

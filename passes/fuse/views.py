@@ -75,6 +75,14 @@ def _rewrite(graph: torch.fx.GraphModule, rewrites: tuple) -> int:
 LAYOUT_FREE = (None, torch.preserve_format, torch.contiguous_format)
 
 
+def call_with_value(graph: torch.fx.Graph, target, args: tuple, kwargs: dict | None = None) -> torch.fx.Node:
+    """A new ``call_function`` node at the graph's insertion point, with its example value computed
+    from its arguments' (a rewrite's later steps read the shapes of the nodes it added)."""
+    node = graph.call_function(target, args, kwargs or {})
+    node.meta["val"] = compat.example_value(node)
+    return node
+
+
 def _elementwise(node: torch.fx.Node) -> bool:
     """A pointwise node whose tensor operands all have its shape (or are 0-d), and that asks for
     no rank-specific layout (a ``clone`` to ``channels_last`` cannot move to another rank)."""

@@ -36,8 +36,8 @@ import torch.fx
 
 from .nodes import PAD, UNIT_RESHAPES, meta_of, packet_name, promoted_dtype, value_dtype
 from .values import (HALF, Emitter, Value, absolute, acos, asin, atan, ceil, compute_dtype, cos, cosh, erf, exp,
-                     exp2, expm1, floor, formula, keep_nan, lift, log, log1p, log2, power, sin, sinh, sqrt, tan,
-                     tanh, trunc, where)
+                     exp2, expm1, floor, formula, integer_division, keep_nan, lift, log, log1p, log2, power, sin,
+                     sinh, sqrt, tan, tanh, trunc, where)
 
 # What a rule (a plugin's too) is written with: the registry, and the expression vocabulary.
 __all__ = ["rule", "Rule", "RULES", "Operands", "render", "pointwise", "problem", "transcendental", "fingerprint", "cache_material",
@@ -269,16 +269,24 @@ def mul(op: Operands) -> Value:
 
 
 def _division_problem(node: torch.fx.Node) -> str | None:
-    if node.kwargs.get("rounding_mode") is not None:
-        return "div with rounding_mode"
-    if not meta_of(node).dtype.is_floating_point:
+    rounding = node.kwargs.get("rounding_mode")
+    floating = meta_of(node).dtype.is_floating_point
+    if rounding is not None and (floating or rounding not in ("floor", "trunc")):
+        return f"div with rounding_mode={rounding!r} of floating point values"
+    if rounding is not None and (type(node.args[1]) is not int or node.args[1] == 0):
+        return "integer division by a tensor (eager raises on a zero divisor; a kernel cannot)"
+    if rounding is None and not floating:
         return "integer division"
     return None
 
 
 @rule("aten.div", "prims.div", problem=_division_problem)
 def div(op: Operands) -> Value:
-    """True division of floating point values."""
+    """True division of floating point values; integers divided by a nonzero integer literal with
+    ``rounding_mode`` floor or trunc (an index's ``i // k``)."""
+    rounding = op.node.kwargs.get("rounding_mode")
+    if rounding is not None:
+        return integer_division(op[0], op[1], rounding)
     return op[0] / op[1]
 
 

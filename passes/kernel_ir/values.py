@@ -28,7 +28,7 @@ UNARY = {"neg", "invert"}
 # Precedence of the arithmetic operators, the same in C and Python (used to leave out parentheses).
 ARITHMETIC = {"add": 1, "sub": 1, "mul": 2, "div": 2}
 FUNCTIONS = {"exp", "exp2", "expm1", "log", "log1p", "log2", "sqrt", "sin", "cos", "tan", "tanh", "atan",
-             "asin", "acos", "sinh", "cosh", "erf", "floor", "ceil", "trunc", "abs", "pow"}
+             "asin", "acos", "sinh", "cosh", "erf", "floor", "ceil", "trunc", "abs", "pow", "floordiv", "truncdiv"}
 
 
 @attrs.frozen(eq=False)
@@ -170,6 +170,13 @@ def power(x: Value | float, y: Value | float) -> Value:
     """x ** y, with torch's signs and special values (either side may be a literal)."""
     dtype = (x if isinstance(x, Value) else y).dtype
     return Value("pow", (lift(x, dtype), lift(y, dtype)), dtype)
+
+
+def integer_division(x: Value | int, y: Value | int, rounding: str) -> Value:
+    """``x / y`` of integers rounded toward minus infinity (``floor``: Python's ``//``) or toward zero
+    (``trunc``: C's ``/``), as torch's ``div(..., rounding_mode=...)`` computes integers."""
+    dtype = (x if isinstance(x, Value) else y).dtype
+    return Value("floordiv" if rounding == "floor" else "truncdiv", (lift(x, dtype), lift(y, dtype)), dtype)
 
 
 def where(condition: Value, a: Value | float, b: Value | float) -> Value:

@@ -75,7 +75,8 @@ class CppEmitter(Emitter):
                  "log2": "pp_log2", "sqrt": "std::sqrt", "sin": "pp_sin", "cos": "pp_cos", "tan": "pp_tan",
                  "tanh": "pp_tanh", "atan": "pp_atan", "asin": "pp_asin", "acos": "pp_acos", "sinh": "pp_sinh",
                  "cosh": "pp_cosh", "erf": "pp_erf", "floor": "std::floor", "ceil": "std::ceil",
-                 "trunc": "std::trunc", "abs": "std::abs", "pow": "pp_pow"}
+                 "trunc": "std::trunc", "abs": "std::abs", "pow": "pp_pow", "floordiv": "pp_floordiv",
+                 "truncdiv": "pp_truncdiv"}
 
     def type_name(self, dtype: torch.dtype) -> str:
         return compute_type(dtype)

@@ -47,6 +47,12 @@ PP_UNARY(expm1) PP_UNARY(log) PP_UNARY(log1p) PP_UNARY(log2)
 PP_UNARY(sin) PP_UNARY(cos) PP_UNARY(tan) PP_UNARY(tanh) PP_UNARY(atan) PP_UNARY(asin)
 PP_UNARY(acos) PP_UNARY(sinh) PP_UNARY(cosh) PP_UNARY(erf)
 static inline float pp_pow(float x, float y) { return powf(x, y); }
+// Integer division rounded toward zero (C's) and toward minus infinity (Python's //).
+static inline int64_t pp_truncdiv(int64_t a, int64_t b) { return a / b; }
+static inline int64_t pp_floordiv(int64_t a, int64_t b) {
+  const int64_t q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
 static inline double pp_pow(double x, double y) { return std::pow(x, y); }
 
 template <typename T> static inline T pp_select(bool c, T a, T b) {

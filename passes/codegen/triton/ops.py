@@ -304,6 +304,12 @@ class TritonEmitter(Emitter):
 
     def function(self, v: Value) -> str:
         ct = compute_type(v.dtype)
+        if v.op in ("floordiv", "truncdiv"):    # Triton's // and % on integers round toward zero, as C's
+            a, b = (self.emit(x) for x in v.args)
+            quotient = f"({a} // {b})"
+            if v.op == "truncdiv":
+                return quotient
+            return f"tl.where((({a} % {b}) != 0) & (({a} < 0) != ({b} < 0)), {quotient} - 1, {quotient})"
         if v.op != "abs" and ct not in FLOAT_CT:
             raise NotImplementedError(f"{v.op} on {v.dtype}")
         if v.op == "pow":
