@@ -53,8 +53,9 @@ def compiled_record(fn, *args, plan=CPP):
 
 
 def externs(record) -> int:
-    """ATen calls other than views (a view of a gathered input is an alias, no work)."""
-    return sum(n for name, n in record.contents["extern_calls"].items() if "view" not in name and "expand" not in name)
+    """ATen calls other than aliases (views, expands and slices of inputs: no work)."""
+    return sum(n for name, n in record.contents["extern_calls"].items()
+               if not any(alias in name for alias in ("view", "expand", "slice")))
 
 
 def rows_times(x, idx, w):
@@ -76,6 +77,10 @@ def columns(x, idx):
     return (x[:, idx] + 1.0).relu()
 
 
+def selected(x, idx):
+    return torch.index_select(x, 1, idx).sigmoid()
+
+
 def top2_combine(y, residual):
     """A mixture-of-experts layer's combine: each token's two expert rows summed, plus the residual,
     then an RMS norm."""
@@ -92,7 +97,9 @@ def top2_combine(y, residual):
                       torch.randn(24, dtype=torch.bfloat16))),
     (weighted_rows, (torch.randn(10, 8), torch.randperm(10), torch.rand(10))),
     (columns, (torch.randn(3, 7, 4), torch.tensor([6, 0, -1, 2]))),
-], ids=["rows", "rows_int32_negative", "embedding_norm", "embedding_norm_bf16", "weighted_rows", "columns"])
+    (selected, (torch.randn(3, 7, 4), torch.tensor([6, 0, 3, 2]))),
+], ids=["rows", "rows_int32_negative", "embedding_norm", "embedding_norm_bf16", "weighted_rows", "columns",
+        "index_select"])
 def test_indexing_is_read_by_the_consuming_kernel(plan, fn, args):
     record = compiled_record(fn, *args, plan=plan)
     assert record.kernels == 1 and externs(record) == 0, record.final_code
@@ -224,3 +231,16 @@ def test_an_index_ramp_only_extern_calls_read_is_a_stored_constant():
     record = compiled_record(inverse, torch.randperm(10), torch.randn(10, 4))
     assert "aten_arange" not in record.final_code
     assert any("index ramp(s) outside kernels stored" in n["message"] for n in record.notes)
+
+
+@pytest.mark.parametrize("plan", BACKENDS)
+def test_a_sum_over_gathered_rows_is_read_by_the_next_kernel(plan):
+    """A mixture-of-experts combine: expert rows put back in token order by a permutation, each
+    token's two rows summed, viewed as [batch, seq, hidden], added to the residual and normed.
+    The sum is unrolled over slices of the index, so the norm's kernel gathers the rows itself."""
+    def combine(y, order, residual):
+        mixed = y[order].view(-1, 2, y.shape[1]).sum(1).view(residual.shape) + residual
+        return mixed * torch.rsqrt(mixed.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+    record = compiled_record(combine, torch.randn(12, 8), torch.randperm(12), torch.randn(2, 3, 8), plan=plan)
+    assert record.kernels == 1 and externs(record) == 0, record.final_code

@@ -32,7 +32,7 @@ from .dependencies import Dependencies
 from .legality import (Group, can_grow, classify, creates_cycle, independent_merge_problem, input_pad_problem,
                        input_reshape_problem, merge_problem, outside_inputs, shape_problem, sources_only)
 from .cats import pointwise_cats
-from .gathers import index_as_gather, sink_gathers
+from .gathers import index_as_gather, index_views, sink_gathers
 from .onehot import sum_one_hots
 from .slices import split_elementwise
 from .unroll import unroll_reductions
@@ -87,13 +87,15 @@ class Fuse(Pass):
 
     name = "fuse"
     Options = FuseOptions
-    version = "23"
+    version = "24"
     cache_material = rules.cache_material   # rules a plugin adds or replaces change the output
     requires = frozenset({"functional", "aten"})
     provides = frozenset({"fused"})
     Choices = FusionChoices
 
     def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
+        if self.options.gather_loads:
+            index_views(graph)
         if self.options.unroll_reductions:
             unrolled = unroll_reductions(graph, self.options.unroll_reductions)
             if unrolled:

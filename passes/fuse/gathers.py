@@ -1,9 +1,9 @@
 """Gathers: indexing written as gathers (``fuse`` option ``gather_loads``), and gathers of
 elementwise results rewritten to gather first (``fuse`` option ``sink_gathers``).
 
-``x[idx]`` with one integer index tensor (``aten.index``), and ``embedding(weight, idx)``, pick whole
-rows of ``x``. As ATen calls they are a kernel each, writing the picked rows for the next kernel
-to read back. Written as ``gather(x, k, expand(idx))`` (negative indices wrapped as indexing wraps
+``x[idx]`` with one integer index tensor (``aten.index``), ``index_select`` and
+``embedding(weight, idx)`` pick whole rows of ``x``. As ATen calls they are a kernel each, writing
+the picked rows for the next kernel to read back. Written as ``gather(x, k, expand(idx))`` (negative indices wrapped as indexing wraps
 them, by an elementwise select on the index), the kernel that consumes the rows reads them with
 an indirect load (:func:`passes.kernel_ir.nodes.input_gather`), and the index's own elementwise
 work joins that kernel too. Where it matters: a mixture-of-experts layer gathers each token's
@@ -145,7 +145,8 @@ def sink_gathers(graph: torch.fx.GraphModule) -> int:
 
 def _indexing(node: torch.fx.Node) -> tuple[torch.fx.Node, int, torch.fx.Node] | None:
     """``(x, k, idx)`` when ``node`` picks ``x``'s slices along ``k`` at the integer tensor
-    ``idx`` (``index`` with one index tensor, or ``embedding``), with static shapes; else None."""
+    ``idx`` (``index`` with one index tensor, ``index_select`` or ``embedding``), with static
+    shapes; else None."""
     if node.op != "call_function":
         return None
     if node.target is aten.index.Tensor and len(node.args) == 2:
@@ -156,6 +157,11 @@ def _indexing(node: torch.fx.Node) -> tuple[torch.fx.Node, int, torch.fx.Node] |
         k, idx = picked[0]
     elif node.target is aten.embedding.default:
         x, idx, k = node.args[0], node.args[1], 0
+    elif node.target is aten.index_select.default and len(node.args) == 3 and type(node.args[1]) is int:
+        x, k, idx = node.args[0], node.args[1], node.args[2]
+        if not isinstance(meta_of(x), torch.Tensor) or meta_of(x).dim() == 0:
+            return None
+        k %= meta_of(x).dim()
     else:
         return None
     if not (isinstance(x, torch.fx.Node) and isinstance(idx, torch.fx.Node)):
@@ -170,6 +176,45 @@ def _indexing(node: torch.fx.Node) -> tuple[torch.fx.Node, int, torch.fx.Node] |
     return x, k, idx
 
 
+
+
+_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+
+
+def index_views(graph: torch.fx.GraphModule) -> int:
+    """Rewrite ``view(x[idx])`` whose view only reshapes the indexed block of dims (a top-k
+    layer's ``y[order].view(tokens, k, hidden)``) as ``x[idx.reshape(...)]``: the same values, the
+    indexing now in the shape its readers use (a reduction over ``k`` is then a reduction over an
+    index dim, which :mod:`.unroll` splits by slicing the index). Returns how many rewrote."""
+    rewritten = 0
+    for view in list(graph.graph.nodes):
+        if view.op != "call_function" or view.target not in _VIEWS or not isinstance(view.args[0], torch.fx.Node):
+            continue
+        node = view.args[0]
+        found = _indexing(node)
+        if found is None or len(node.users) != 1 or node.target is aten.index_select.default:
+            continue
+        x, k, idx = found
+        value, index, shape = meta_of(x), meta_of(idx), meta_of(view).shape
+        block = len(shape) - (value.dim() - 1)
+        if block < 1 or not static_sizes(shape) or list(shape[:k]) != list(value.shape[:k]) \
+                or list(shape[k + block:]) != list(value.shape[k + 1:]) or list(shape[k:k + block]) == list(index.shape):
+            continue
+        with graph.graph.inserting_before(view):
+            reshaped = call_with_value(graph.graph, aten.reshape.default, (idx, list(shape[k:k + block])))
+            picked = call_with_value(graph.graph, aten.index.Tensor, (x, [None] * k + [reshaped]))
+        view.replace_all_uses_with(picked)
+        graph.graph.erase_node(view)
+        graph.graph.erase_node(node)
+        rewritten += 1
+    if rewritten:
+        graph.recompile()
+    return rewritten
+
+
+def indexing(node: torch.fx.Node) -> tuple[torch.fx.Node, int, torch.fx.Node] | None:
+    """``(x, k, idx)`` of ``x[idx]``-style indexing along ``k`` (see :func:`index_as_gather`), or None."""
+    return _indexing(node)
 
 
 _UNIT_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.unsqueeze.default)
@@ -248,4 +293,4 @@ def index_as_gather(graph: torch.fx.GraphModule) -> int:
     return rewritten
 
 
-__all__ = ["index_as_gather", "sink_gathers"]
+__all__ = ["index_as_gather", "index_views", "indexing", "sink_gathers"]

@@ -30,6 +30,7 @@ import torch.fx
 from passes.kernel_ir.groups import meta_of
 from passes.kernel_ir.nodes import SOURCES, packet_name, static_sizes
 
+from .gathers import indexing
 from .legality import classify
 from .views import call_with_value
 
@@ -37,6 +38,7 @@ aten = torch.ops.aten
 
 _COMBINE = {"sum": aten.add.Tensor, "mean": aten.add.Tensor, "max": aten.maximum.default,
             "min": aten.minimum.default}
+_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 _KINDS = {aten.sum.dim_IntList: "sum", aten.sum.default: "sum", aten.mean.dim: "mean",
           aten.amax.default: "max", aten.amin.default: "min"}
 MAX_DEPTH = 16   # most elementwise nodes above a reduction that the feeds-only check walks
@@ -56,10 +58,15 @@ def unroll_reductions(graph: torch.fx.GraphModule, limit: int) -> int:
         if not 2 <= count <= limit or _read_at_source_shape(node, tuple(value.shape)) \
                 or not _feeds_only(source, node, dims, value.dim()):
             continue
+        replaced, block = node, None
+        if _indexed_over(source, dims) is not None:
+            replaced, block = _index_block(node, source, dims, keepdim)
         with graph.graph.inserting_before(node):
-            replacement = _unrolled(graph.graph, kind, source, dims, keepdim, meta_of(node).dtype)
-        node.replace_all_uses_with(replacement)
-        graph.graph.erase_node(node)
+            replacement = _unrolled(graph.graph, kind, source, dims, keepdim, meta_of(node).dtype, block)
+        replaced.replace_all_uses_with(replacement)
+        graph.graph.erase_node(replaced)
+        if replaced is not node:
+            graph.graph.erase_node(node)
         done += 1
     if done:
         graph.graph.eliminate_dead_code()
@@ -113,9 +120,48 @@ def _read_at_source_shape(node: torch.fx.Node, shape: tuple) -> bool:
     return False
 
 
+def _indexed_over(source: torch.fx.Node, dims: list[int]) -> tuple | None:
+    """``(x, k, idx)`` when ``source`` is indexing ``x[idx]`` (:func:`~.gathers.indexing`) read only
+    by the reduction and every reduced dim is a dim of the index: each piece is then ``x`` indexed by
+    a slice of ``idx``, which a kernel reads with an indirect load."""
+    found = indexing(source)
+    if found is None or len(source.users) != 1 or source.target is not aten.index.Tensor:
+        return None
+    _, k, idx = found
+    if not all(k <= d < k + meta_of(idx).dim() for d in dims):
+        return None
+    return found
+
+
+def _index_block(node: torch.fx.Node, source: torch.fx.Node, dims: list[int], keepdim: bool) -> tuple:
+    """``(node to replace, index shape)`` of an unrolled reduction over index dims: each piece
+    indexes with a slice of the index reshaped to the index block of the result, or of the one
+    view that reads the result when that view only reshapes the block (``sum(1)`` of
+    ``y[order.view(t, k)]`` then viewed ``[b, s, hidden]``: the pieces are made in that shape,
+    so the work after the view joins their kernel)."""
+    x, k, idx = indexing(source)
+    shape = list(meta_of(idx).shape)
+    block = [1 if d + k in dims else s for d, s in enumerate(shape)] if keepdim else \
+        [s for d, s in enumerate(shape) if d + k not in dims]
+    value = meta_of(x)
+    if len(node.users) == 1:
+        view = next(iter(node.users))
+        out = meta_of(view)
+        if view.op == "call_function" and view.target in _VIEWS and isinstance(out, torch.Tensor) \
+                and static_sizes(out.shape):
+            width = out.dim() - (value.dim() - 1)
+            if width >= 1 and list(out.shape[:k]) == list(value.shape[:k]) \
+                    and list(out.shape[k + width:]) == list(value.shape[k + 1:]) \
+                    and math.prod(out.shape[k:k + width]) == math.prod(block):
+                return view, list(out.shape[k:k + width])
+    return node, block
+
+
 def _feeds_only(source: torch.fx.Node, reduction: torch.fx.Node, dims: list[int], rank: int) -> bool:
     """True when ``source`` is read from memory by a kernel, or is elementwise work whose operands
     that vary along ``dims`` qualify the same way and which feeds nothing but this reduction."""
+    if _indexed_over(source, dims) is not None:
+        return True
     seen = 0
     pending = [(source, reduction)]
     while pending:
@@ -147,17 +193,27 @@ def _feeds_only(source: torch.fx.Node, reduction: torch.fx.Node, dims: list[int]
 
 
 def _unrolled(graph: torch.fx.Graph, kind: str, source: torch.fx.Node, dims: list[int], keepdim: bool,
-              out_dtype: torch.dtype) -> torch.fx.Node:
-    """The reduction as a chain of elementwise combines of the size-1 slices of ``source``."""
+              out_dtype: torch.dtype, block: list | None = None) -> torch.fx.Node:
+    """The reduction as a chain of elementwise combines of the size-1 slices of ``source`` (of an
+    indexed ``source``: of ``x`` indexed by slices of the index reshaped to ``block``, already in
+    the result's shape)."""
     value = meta_of(source)
     accumulate = out_dtype
     if kind in ("sum", "mean") and out_dtype in (torch.float16, torch.bfloat16):
         accumulate = torch.float32
     total = None
+    indexed = _indexed_over(source, dims)
     for point in itertools.product(*(range(value.shape[d]) for d in dims)):
-        piece = source
-        for d, i in zip(dims, point):
-            piece = call_with_value(graph, aten.slice.Tensor, (piece, d, i, i + 1))
+        if indexed is not None:         # x indexed by the index's slice: a gather of its own
+            x, k, piece = indexed
+            for d, i in zip(dims, point):
+                piece = call_with_value(graph, aten.slice.Tensor, (piece, d - k, i, i + 1))
+            piece = call_with_value(graph, aten.reshape.default, (piece, block))
+            piece = call_with_value(graph, aten.index.Tensor, (x, [None] * k + [piece]))
+        else:
+            piece = source
+            for d, i in zip(dims, point):
+                piece = call_with_value(graph, aten.slice.Tensor, (piece, d, i, i + 1))
         if meta_of(piece).dtype != accumulate:
             piece = call_with_value(graph, aten._to_copy.default, (piece,), {"dtype": accumulate})
         total = piece if total is None else call_with_value(graph, _COMBINE[kind], (total, piece))
@@ -166,7 +222,7 @@ def _unrolled(graph: torch.fx.Graph, kind: str, source: torch.fx.Node, dims: lis
         total = call_with_value(graph, aten.div.Tensor, (total, count))
     if meta_of(total).dtype != out_dtype:
         total = call_with_value(graph, aten._to_copy.default, (total,), {"dtype": out_dtype})
-    if not keepdim:
+    if not keepdim and indexed is None:
         total = call_with_value(graph, aten.squeeze.dims, (total, dims))
     return total
 
