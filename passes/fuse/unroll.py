@@ -17,7 +17,13 @@ elements per result qualifies when what it reduces is read from memory (a kernel
 elementwise work that feeds only this reduction, down to values read from memory: the slices
 then move up through that work (:func:`~.slices.split_elementwise`) and never cut a kernel in
 two. A reduction whose result is read by work over its input's own shape (a softmax's
-``x - max(x)``) stays one: its kernel holds that work already. Sums of half-precision values add in float32 and round once, as eager's sum does.
+``x - max(x)``) stays one: its kernel holds that work already. Sums of half-precision values add
+in float32 and round once, as eager's sum does.
+
+A reduction over the index dims of indexing ``x[idx]`` (:func:`~.gathers.indexing`; after
+:func:`~.gathers.index_views`, ``y[order].view(tokens, 2, hidden).sum(1)`` is one) unrolls into
+``x`` indexed by slices of ``idx``: each piece is a gather a kernel reads with indirect loads, made
+in the shape of the one view that reads the result when that view only reshapes the index dims.
 """
 from __future__ import annotations
 
