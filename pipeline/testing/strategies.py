@@ -4,8 +4,8 @@ A drawn :class:`GraphCase` is a torch-level ``fx.GraphModule`` (what capture han
 plus the specs of its inputs; ``case.make_inputs(seed)`` gives fresh random tensors (never zeros).
 Graphs mix pointwise ops with broadcasting, reductions (sum, mean, amax, amin, var, argmax,
 softmax, safe softmax, log_softmax, layer norm, vector norms), views (permute, transpose, reshape,
-unsqueeze, expand, narrow) and their copying kin (concatenations, pads), permuted (non-contiguous)
-inputs, constants, several dtypes, and optionally in-place updates.
+unsqueeze, expand, narrow) and their copying kin (concatenations, pads, gathers), permuted
+(non-contiguous) inputs, constants, several dtypes, and optionally in-place updates.
 
 Shapes: most cases keep every dimension in ``1..max_dim``, small graphs that run and shrink fast.
 A share of them (``large_shapes``, 1 in 8 by default) is large instead: 10,000 to ``max_elements``
@@ -33,7 +33,7 @@ GUARDED_UNARY = ["exp", "sqrt", "log", "reciprocal"]
 BINARY = [torch.add, torch.sub, torch.mul, torch.maximum, torch.minimum]
 REDUCTIONS = ["sum", "mean", "amax", "amin", "var", "argmax", "softmax", "safe_softmax", "log_softmax",
               "layer_norm", "vector_norm"]
-VIEWS = ["permute", "transpose", "reshape", "unsqueeze", "expand", "narrow", "cat", "pad"]
+VIEWS = ["permute", "transpose", "reshape", "unsqueeze", "expand", "narrow", "cat", "pad", "gather"]
 
 # Large shapes: the other axes take small odd sizes, one axis the rest of the element budget.
 LARGE_MIN_ELEMENTS = 10_000
@@ -431,6 +431,8 @@ def _view(draw, builder: _Builder, node: torch.fx.Node, meta: torch.Tensor):
         return builder.call("expand", node, *sizes, method=True)
     if kind == "cat":
         return _cat(draw, builder, node, meta)
+    if kind == "gather":
+        return _gather(draw, builder, node, meta)
     if kind == "pad":
         widths = draw(st.lists(st.integers(0, 3), min_size=2, max_size=2 * min(rank, 2)))
         if len(widths) % 2:
@@ -441,6 +443,29 @@ def _view(draw, builder: _Builder, node: torch.fx.Node, meta: torch.Tensor):
     start = draw(st.integers(0, max(size - 1, 0)))
     length = draw(st.integers(1, max(size - start, 1)))
     return builder.call(torch.narrow, node, dim, start, length)
+
+
+def _gather(draw, builder: _Builder, node: torch.fx.Node, meta: torch.Tensor):
+    """Slices along a random dim picked by an index computed from the value itself (a running count
+    of its positive elements, wrapped into range; negative for ``x[idx]`` half the time, which
+    wraps them back): ``index_select``, or ``x[idx]`` along dim 0."""
+    if not meta.dtype.is_floating_point or meta.numel() == 0:
+        return None
+    dim = draw(st.integers(0, meta.dim() - 1))
+    size = meta.shape[dim]
+    picks = draw(st.integers(1, 6))
+    flat = builder.call(torch.reshape, node, (-1,))
+    positive = flat and builder.call(torch.gt, flat[0], 0)
+    count = positive and builder.call(torch.cumsum, positive[0], 0)
+    first = count and builder.call(torch.narrow, count[0], 0, 0, min(picks, meta.numel()))
+    index = first and builder.call(torch.remainder, first[0], size)
+    if not index:
+        return None
+    if dim == 0 and draw(st.booleans()):
+        if draw(st.booleans()):
+            index = builder.call(torch.sub, index[0], size)
+        return index and builder.call(torch.ops.aten.index.Tensor, node, [index[0]])
+    return builder.call(torch.index_select, node, dim, index[0])
 
 
 def _cat(draw, builder: _Builder, node: torch.fx.Node, meta: torch.Tensor):

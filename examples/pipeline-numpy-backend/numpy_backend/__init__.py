@@ -157,7 +157,8 @@ def _arange(a: list, k: dict) -> str:
 
 RULES: dict[str, Rule] = {
     "aten.add": _add_sub("np.add"), "aten.sub": _add_sub("np.subtract"), "aten.mul": _binary("np.multiply"),
-    "aten.div": _binary("np.true_divide"), "prims.div": _binary("np.true_divide"),
+    "aten.div": lambda a, k: f"divide({a[0]}, {a[1]}, {k.get('rounding_mode', 'None')})",
+    "prims.div": _binary("np.true_divide"),
     "aten.neg": _unary("np.negative"), "aten.abs": _unary("np.abs"), "aten.exp": _unary("np.exp"),
     "aten.exp2": _unary("np.exp2"), "aten.expm1": _unary("np.expm1"), "aten.log": _unary("np.log"),
     "aten.log1p": _unary("np.log1p"), "aten.log2": _unary("np.log2"), "aten.sqrt": _unary("np.sqrt"),
@@ -190,6 +191,7 @@ RULES: dict[str, Rule] = {
     "aten.expand": _expand, "prims.broadcast_in_dim": _broadcast_in_dim,
     "aten.full": lambda a, k: f"np.full({a[0]}, {a[1]})", "aten.scalar_tensor": lambda a, k: f"np.array({a[0]})",
     "prims.iota": _iota, "aten.arange": _arange,
+    "aten.gather": lambda a, k: f"np.take_along_axis({a[0]}, {a[2]}, axis={a[1]})",
     "aten.constant_pad_nd": lambda a, k: f"constant_pad({a[0]}, {a[1]}, {a[2] if len(a) > 2 else k.get('value', '0')})",
 }
 
@@ -260,6 +262,16 @@ def expand(x: np.ndarray, sizes: list) -> np.ndarray:
     lead = len(sizes) - x.ndim
     shape = [s if s != -1 else x.shape[i - lead] for i, s in enumerate(sizes)]
     return np.broadcast_to(x, shape)
+
+
+def divide(x: np.ndarray, y: Any, rounding_mode: str | None) -> np.ndarray:
+    """ATen's ``div``: true division, or rounded toward minus infinity (``floor``) or zero (``trunc``)."""
+    if rounding_mode == "floor":
+        return np.floor_divide(x, y)
+    if rounding_mode == "trunc":
+        quotient = np.floor_divide(x, y)
+        return np.where((np.remainder(x, y) != 0) & ((np.asarray(x) < 0) != (np.asarray(y) < 0)), quotient + 1, quotient)
+    return np.true_divide(x, y)
 
 
 def constant_pad(x: np.ndarray, pad: list, value: Any) -> np.ndarray:
@@ -375,7 +387,7 @@ class NumpyKernel(CompiledKernel):
             "np": np, "torch": torch, "cast": casts, "axes": axes, "arg_extremum": arg_extremum,
             "clamp": clamp, "relu": relu, "sigmoid": sigmoid, "sign": sign, "erf": erf,
             "gelu_erf": gelu_erf, "gelu_tanh": gelu_tanh, "squeeze": squeeze, "expand": expand,
-            "broadcast_in_dim": broadcast_in_dim, "constant_pad": constant_pad,
+            "broadcast_in_dim": broadcast_in_dim, "constant_pad": constant_pad, "divide": divide,
         }
         exec(compile(source, f"<numpy kernel {group.name}>", "exec"), namespace)  # noqa: S102 - our own generated source
         self.function = namespace[group.name]
