@@ -143,7 +143,7 @@ def sink_gathers(graph: torch.fx.GraphModule) -> int:
     return rewritten
 
 
-def _indexing(node: torch.fx.Node) -> tuple[torch.fx.Node, int, torch.fx.Node] | None:
+def indexing(node: torch.fx.Node) -> tuple[torch.fx.Node, int, torch.fx.Node] | None:
     """``(x, k, idx)`` when ``node`` picks ``x``'s slices along ``k`` at the integer tensor
     ``idx`` (``index`` with one index tensor, ``index_select`` or ``embedding``), with static
     shapes; else None."""
@@ -176,8 +176,6 @@ def _indexing(node: torch.fx.Node) -> tuple[torch.fx.Node, int, torch.fx.Node] |
     return x, k, idx
 
 
-
-
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 
 
@@ -191,7 +189,7 @@ def index_views(graph: torch.fx.GraphModule) -> int:
         if view.op != "call_function" or view.target not in _VIEWS or not isinstance(view.args[0], torch.fx.Node):
             continue
         node = view.args[0]
-        found = _indexing(node)
+        found = indexing(node)
         if found is None or len(node.users) != 1 or node.target is aten.index_select.default:
             continue
         x, k, idx = found
@@ -210,11 +208,6 @@ def index_views(graph: torch.fx.GraphModule) -> int:
     if rewritten:
         graph.recompile()
     return rewritten
-
-
-def indexing(node: torch.fx.Node) -> tuple[torch.fx.Node, int, torch.fx.Node] | None:
-    """``(x, k, idx)`` of ``x[idx]``-style indexing along ``k`` (see :func:`index_as_gather`), or None."""
-    return _indexing(node)
 
 
 _UNIT_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.unsqueeze.default)
@@ -253,7 +246,7 @@ def index_as_gather(graph: torch.fx.GraphModule) -> int:
     by an expand) and its index is ``idx`` viewed into the gathered position and expanded."""
     rewritten = 0
     for node in list(graph.graph.nodes):
-        found = _indexing(node)
+        found = indexing(node)
         if found is None or not any(classify(user)[0] is not None for user in node.users):
             continue
         x, k, idx = found
