@@ -14,6 +14,7 @@ from pipeline import CaptureContext, CapturePass, GraphCompiler, device_types, o
 from pipeline import compat
 from pipeline.errors import GraphBreakError, PipelineError, RecompileError, did_you_mean
 
+from .attention_gqa import grouped_query_attention
 from .attention_masks import dense_attention_masks
 from .capture_checks import EagerRejected, eager_rejection
 from .regions import with_own_code
@@ -86,6 +87,11 @@ class CaptureOptions:
                   "to ATen: the fused attention kernels need a unit stride there, and tracing otherwise picks "
                   "the float32 math path (passes/attention_masks.py). [] keeps every mask as captured.",
         check=device_types)
+    gqa_attention: list[str] = option(
+        ["cpu"], "dynamo only: devices on which an attention call whose key and value are transformers' repeat_kv "
+                 "of fewer heads takes the unrepeated heads with enable_gqa=True (no copies; on the CPU the fused "
+                 "kernel runs faster too). Not on CUDA by default: there a mask with enable_gqa leaves the fused "
+                 "kernels (passes/attention_gqa.py). [] keeps every repeat.", check=device_types)
     dict_tag_guards: bool = option(
         True, "dynamo only: guards skip the checks under a module whose dictionaries (parameters, buffers, "
               "submodules, attributes) are untouched since the last call (Dynamo's "
@@ -105,7 +111,7 @@ class Capture(CapturePass):
 
     name = "capture"
     Options = CaptureOptions
-    version = "7"
+    version = "8"
     provides = frozenset({"captured"})
 
     def capture(self, fn: Callable, compile_graph: GraphCompiler, context: CaptureContext) -> Callable:
@@ -136,6 +142,8 @@ class Capture(CapturePass):
                                          or (reasons[0] if reasons else "guard failed (reason not recorded)"))
             if opts.dense_attention_masks:
                 dense_attention_masks(gm, opts.dense_attention_masks)
+            if opts.gqa_attention:
+                grouped_query_attention(gm, opts.gqa_attention)
             return compile_graph(gm, example_inputs)
 
         sharded: list = []
