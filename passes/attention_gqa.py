@@ -6,11 +6,12 @@ repeats each key/value head for its group of query heads before attention: trans
 the keys and of the values per layer whenever a mask is given. ``scaled_dot_product_attention``
 takes the unrepeated heads itself with ``enable_gqa=True`` (each key/value head serves
 ``rep`` consecutive query heads, the order ``repeat_kv`` makes). On the CPU its fused kernel then
-reads each head once: no copies, and the attention itself runs faster (a Llama-like layer's
-attention, 32 query and 8 key/value heads, 128 tokens, with a causal mask: 3.5 ms repeated,
-1.3 ms grouped on the 2-core CI host). On CUDA, transformers notes that a mask with
-``enable_gqa`` sends the call to the math path, so the capture option that applies this
-(``capture.gqa_attention``) names the devices, the CPU by default.
+reads each head once: no copies, and the attention itself runs faster. On CUDA (torch 2.11, an
+H100) cuDNN's fused kernel takes grouped heads with a boolean or float mask and without
+(benchmarks/results/sdpa-gqa-2026-12-06-h100.txt; transformers keeps repeat_kv when a mask is
+given, citing a math-path fallback that this torch version no longer takes). The capture option
+that applies the rewrite (``capture.gqa_attention``) names the devices. Calls whose inputs
+require gradients are left alone: the fused kernels' backward with grouped heads is not checked.
 """
 from __future__ import annotations
 
@@ -83,6 +84,8 @@ def grouped_query_attention(gm: torch.fx.GraphModule, devices: list[str]) -> int
         if key is None or value is None or key[1] != value[1] or key[1] < 2:
             continue
         if not isinstance(query, torch.Tensor) or query.device.type not in devices:
+            continue
+        if any(getattr(_value(n), "requires_grad", True) for n in node.args[:3]):
             continue
         repeated = (node.args[1], node.args[2])
         node.args = (node.args[0], key[0], value[0])

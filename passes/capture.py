@@ -88,10 +88,11 @@ class CaptureOptions:
                   "the float32 math path (passes/attention_masks.py). [] keeps every mask as captured.",
         check=device_types)
     gqa_attention: list[str] = option(
-        ["cpu"], "dynamo only: devices on which an attention call whose key and value are transformers' repeat_kv "
-                 "of fewer heads takes the unrepeated heads with enable_gqa=True (no copies; on the CPU the fused "
-                 "kernel runs faster too). Not on CUDA by default: there a mask with enable_gqa leaves the fused "
-                 "kernels (passes/attention_gqa.py). [] keeps every repeat.", check=device_types)
+        ["cpu", "cuda"], "dynamo only: devices on which an attention call whose key and value are transformers' "
+                         "repeat_kv of fewer heads takes the unrepeated heads with enable_gqa=True (no key/value "
+                         "copies, and a faster fused kernel: CPU flash attention, cuDNN's), in inference (no input "
+                         "requiring gradients) (passes/attention_gqa.py). [] keeps every repeat.",
+        check=device_types)
     dict_tag_guards: bool = option(
         True, "dynamo only: guards skip the checks under a module whose dictionaries (parameters, buffers, "
               "submodules, attributes) are untouched since the last call (Dynamo's "

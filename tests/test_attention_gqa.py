@@ -61,3 +61,23 @@ def test_key_and_value_repeated_differently_are_left_alone():
 
     record = compiled_record(mixed, inputs())
     assert record.kernels >= 2, record.final_code
+
+
+def test_attention_whose_inputs_require_gradients_keeps_the_repeats():
+    """Training graphs keep repeat_kv (the fused kernels' backward with grouped heads is unchecked):
+    the forward graph is the same with the option on and off, and gradients match eager."""
+    kernels = []
+    for devices in (["cpu"], []):
+        torch._dynamo.reset()
+        q, k, v, mask = inputs()
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        plan = {"extends": "training", "options": {"capture": {"gqa_attention": devices}}}
+        compiled = compile_with_plan(grouped_attention, plan)
+        compiled(q, k, v, mask).sum().backward()
+        got = [t.grad.clone() for t in (q, k, v)]
+        for t in (q, k, v):
+            t.grad = None
+        grouped_attention(q, k, v, mask).sum().backward()
+        assert all(compare(t.grad, g) is None for t, g in zip((q, k, v), got))
+        kernels.append(compilation_of(compiled).graphs[0].kernels)
+    assert kernels[0] == kernels[1]
