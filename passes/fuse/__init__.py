@@ -3,8 +3,10 @@
 Pointwise chains (with broadcasting and strided inputs) become one group; reductions join the
 pointwise nodes that feed them (prologue) and consume them (epilogue), so softmax, log_softmax,
 layer norm and RMS norm are one group each. With ``horizontal``, sibling groups that read one input
-merge where they meet again, and a reduction merges into the reduction group formed just before it
-when both iterate one domain and neither depends on the other (a backward's bias-gradient sums).
+merge where they meet again, a pointwise group merges into an earlier pointwise group over the same
+domain that reads one of its inputs, and a reduction merges into the reduction group formed just
+before it, when both iterate one domain and neither depends on the other (a backward's
+bias-gradient sums).
 Each group becomes one node calling a
 :class:`passes.kernel_ir.groups.FusedGroup`, which runs the group eagerly until ``codegen`` gives it a kernel.
 Legality (legality.py) is separate from profitability (choices.py); every rejected candidate is
@@ -52,9 +54,10 @@ class FuseOptions:
                                            "kernel computes it and the whole result is not written (see "
                                            "passes/fuse/slices.py).", tune=(True, False))
     horizontal: bool = option(True, "Horizontal fusion: merge sibling groups that read the same input where they "
-                                    "meet again, and a reduction into the reduction group formed just before it "
-                                    "when both iterate the same domain and neither depends on the other (one "
-                                    "launch for a layer's bias-gradient sums).", tune=(True, False))
+                                    "meet again, a pointwise group into an earlier pointwise group over the same "
+                                    "domain that reads one of its inputs, and a reduction into the reduction group "
+                                    "formed just before it, when both iterate the same domain and neither depends "
+                                    "on the other (one launch for a layer's bias-gradient sums).", tune=(True, False))
     sum_one_hots: bool = option(True, "Compute sum(where(iota == index, value, 0) * weight) along the ramp's "
                                       "axis as the one element it picks, instead of a pass over every row "
                                       "(cross-entropy's backward; see passes/fuse/onehot.py).")
