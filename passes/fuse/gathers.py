@@ -34,7 +34,7 @@ from passes.kernel_ir.groups import meta_of
 from passes.kernel_ir.nodes import static_sizes
 
 from .legality import classify
-from .views import call_with_value
+from .views import VIEWS, call_with_value
 
 aten = torch.ops.aten
 
@@ -176,9 +176,6 @@ def indexing(node: torch.fx.Node) -> tuple[torch.fx.Node, int, torch.fx.Node] | 
     return x, k, idx
 
 
-_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
-
-
 def index_views(graph: torch.fx.GraphModule) -> int:
     """Rewrite ``view(x[idx])`` whose view only reshapes the indexed block of dims (a top-k
     layer's ``y[order].view(tokens, k, hidden)``) as ``x[idx.reshape(...)]``: the same values, the
@@ -186,7 +183,7 @@ def index_views(graph: torch.fx.GraphModule) -> int:
     index dim, which :mod:`.unroll` splits by slicing the index). Returns how many rewrote."""
     rewritten = 0
     for view in list(graph.graph.nodes):
-        if view.op != "call_function" or view.target not in _VIEWS or not isinstance(view.args[0], torch.fx.Node):
+        if view.op != "call_function" or view.target not in VIEWS or not isinstance(view.args[0], torch.fx.Node):
             continue
         node = view.args[0]
         found = indexing(node)
@@ -210,7 +207,7 @@ def index_views(graph: torch.fx.GraphModule) -> int:
     return rewritten
 
 
-_UNIT_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.unsqueeze.default)
+_UNIT_VIEWS = VIEWS + (aten.unsqueeze.default,)
 
 
 def _unit_view_of(node: torch.fx.Node, k: int) -> tuple[torch.fx.Node, list, int] | None:

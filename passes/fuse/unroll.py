@@ -38,13 +38,12 @@ from passes.kernel_ir.nodes import SOURCES, packet_name, static_sizes
 
 from .gathers import indexing
 from .legality import classify
-from .views import call_with_value
+from .views import VIEWS, call_with_value
 
 aten = torch.ops.aten
 
 _COMBINE = {"sum": aten.add.Tensor, "mean": aten.add.Tensor, "max": aten.maximum.default,
             "min": aten.minimum.default}
-_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 _KINDS = {aten.sum.dim_IntList: "sum", aten.sum.default: "sum", aten.mean.dim: "mean",
           aten.amax.default: "max", aten.amin.default: "min"}
 MAX_DEPTH = 16   # most elementwise nodes above a reduction that the feeds-only check walks
@@ -61,14 +60,16 @@ def unroll_reductions(graph: torch.fx.GraphModule, limit: int) -> int:
         kind, source, dims, keepdim = parsed
         value = meta_of(source)
         count = math.prod(value.shape[d] for d in dims)
-        if not 2 <= count <= limit or _read_at_source_shape(node, tuple(value.shape)) \
-                or not _feeds_only(source, node, dims, value.dim()):
+        if not 2 <= count <= limit or _read_at_source_shape(node, tuple(value.shape)):
+            continue
+        indexed = _indexed_over(source, dims)
+        if indexed is None and not _feeds_only(source, node, dims, value.dim()):
             continue
         replaced, block = node, None
-        if _indexed_over(source, dims) is not None:
-            replaced, block = _index_block(node, source, dims, keepdim)
+        if indexed is not None:
+            replaced, block = _index_block(node, indexed, dims, keepdim)
         with graph.graph.inserting_before(node):
-            replacement = _unrolled(graph.graph, kind, source, dims, keepdim, meta_of(node).dtype, block)
+            replacement = _unrolled(graph.graph, kind, source, dims, keepdim, meta_of(node).dtype, indexed, block)
         replaced.replace_all_uses_with(replacement)
         graph.graph.erase_node(replaced)
         if replaced is not node:
@@ -139,13 +140,13 @@ def _indexed_over(source: torch.fx.Node, dims: list[int]) -> tuple | None:
     return found
 
 
-def _index_block(node: torch.fx.Node, source: torch.fx.Node, dims: list[int], keepdim: bool) -> tuple:
+def _index_block(node: torch.fx.Node, indexed: tuple, dims: list[int], keepdim: bool) -> tuple:
     """``(node to replace, index shape)`` of an unrolled reduction over index dims: each piece
     indexes with a slice of the index reshaped to the index block of the result, or of the one
     view that reads the result when that view only reshapes the block (``sum(1)`` of
     ``y[order.view(t, k)]`` then viewed ``[b, s, hidden]``: the pieces are made in that shape,
     so the work after the view joins their kernel)."""
-    x, k, idx = indexing(source)
+    x, k, idx = indexed
     shape = list(meta_of(idx).shape)
     block = [1 if d + k in dims else s for d, s in enumerate(shape)] if keepdim else \
         [s for d, s in enumerate(shape) if d + k not in dims]
@@ -153,7 +154,7 @@ def _index_block(node: torch.fx.Node, source: torch.fx.Node, dims: list[int], ke
     if len(node.users) == 1:
         view = next(iter(node.users))
         out = meta_of(view)
-        if view.op == "call_function" and view.target in _VIEWS and isinstance(out, torch.Tensor) \
+        if view.op == "call_function" and view.target in VIEWS and isinstance(out, torch.Tensor) \
                 and static_sizes(out.shape):
             width = out.dim() - (value.dim() - 1)
             if width >= 1 and list(out.shape[:k]) == list(value.shape[:k]) \
@@ -166,8 +167,6 @@ def _index_block(node: torch.fx.Node, source: torch.fx.Node, dims: list[int], ke
 def _feeds_only(source: torch.fx.Node, reduction: torch.fx.Node, dims: list[int], rank: int) -> bool:
     """True when ``source`` is read from memory by a kernel, or is elementwise work whose operands
     that vary along ``dims`` qualify the same way and which feeds nothing but this reduction."""
-    if _indexed_over(source, dims) is not None:
-        return True
     seen = 0
     pending = [(source, reduction)]
     while pending:
@@ -199,7 +198,7 @@ def _feeds_only(source: torch.fx.Node, reduction: torch.fx.Node, dims: list[int]
 
 
 def _unrolled(graph: torch.fx.Graph, kind: str, source: torch.fx.Node, dims: list[int], keepdim: bool,
-              out_dtype: torch.dtype, block: list | None = None) -> torch.fx.Node:
+              out_dtype: torch.dtype, indexed: tuple | None = None, block: list | None = None) -> torch.fx.Node:
     """The reduction as a chain of elementwise combines of the size-1 slices of ``source`` (of an
     indexed ``source``: of ``x`` indexed by slices of the index reshaped to ``block``, already in
     the result's shape)."""
@@ -208,7 +207,6 @@ def _unrolled(graph: torch.fx.Graph, kind: str, source: torch.fx.Node, dims: lis
     if kind in ("sum", "mean") and out_dtype in (torch.float16, torch.bfloat16):
         accumulate = torch.float32
     total = None
-    indexed = _indexed_over(source, dims)
     for point in itertools.product(*(range(value.shape[d]) for d in dims)):
         if indexed is not None:         # x indexed by the index's slice: a gather of its own
             x, k, piece = indexed

@@ -27,14 +27,14 @@ class Access:
     """How one tensor is addressed: element strides per loop axis (0 = broadcast). A padded input
     (:func:`~.nodes.input_padding`) is read at ``shift`` elements from there, only where every
     ``(loop axis, lo, hi)`` of ``bounds`` holds ``lo <= i<axis> < hi``; elsewhere it is ``fill``.
-    A gathered input (:func:`~.nodes.input_gather`) is read ``index * stride`` further, with
-    ``(stride, size)`` in ``gather`` and the index the gather node's operand."""
+    A gathered input (:func:`~.nodes.input_gather`) is read ``index * gather`` elements further,
+    the index being the gather node's operand."""
 
     strides: tuple[int, ...]
     shift: int = 0
     bounds: tuple[tuple[int, int, int], ...] = ()
     fill: int | float | bool = 0
-    gather: tuple[int, int] | None = None   # (stride, size) of the dim a gather's index value addresses
+    gather: int | None = None   # stride of the dim a gather's index value addresses
 
 
 @attrs.frozen
@@ -131,7 +131,7 @@ def analyze(group: FusedGroup) -> LoopNest:
     passes = max([pass_of[n] for n in nodes if level[n] == "full"] + [0]) + 1
     raw_loads: dict = {}
     padded: dict = {}       # (placeholder, pad node) -> (shift, [(domain axis, lo, hi)], fill)
-    gathered: dict = {}     # (placeholder, gather node) -> (stride, size) of the gathered dim
+    gathered: dict = {}     # (placeholder, gather node) -> stride of the gathered dim
     for node in nodes:
         reads_full = packet_name(node.target) in REDUCTIONS or level[node] == "full"
         consumer_shape = None if reads_full else shape_of(node)
@@ -148,7 +148,7 @@ def analyze(group: FusedGroup) -> LoopNest:
             gather = input_gather(node) if arg is node.args[0] else None
             if gather is not None:
                 shape, strides = gather_view(node)
-                gathered[(arg, node)] = gather[1:]
+                gathered[(arg, node)] = gather[1]
             if not (known_sizes(shape) and known_sizes(strides)):
                 raise UnsupportedGroup(f"input {arg.name} has dynamic shape or strides")
             raw_loads[(arg, node)] = _strides_for(shape, strides, consumer_shape, domain, reduced)

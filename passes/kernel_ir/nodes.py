@@ -77,8 +77,8 @@ def input_padding(node: torch.fx.Node) -> tuple[list[tuple[int, int, int]], Any]
 GATHER = "aten.gather"
 
 
-def input_gather(node: torch.fx.Node) -> tuple[int, int, int] | None:
-    """``(dim, stride, size)`` of ``x`` along ``dim`` when ``node`` is ``gather(x, dim, index)`` of
+def input_gather(node: torch.fx.Node) -> tuple[int, int] | None:
+    """``(dim, stride)`` of ``x`` along ``dim`` when ``node`` is ``gather(x, dim, index)`` of
     a tensor ``x`` and an integer index of static shapes with the result's shape (no
     ``sparse_grad``); a group reads ``x`` at ``index * stride`` plus the element's position along
     the other axes. None for anything else."""
@@ -96,13 +96,13 @@ def input_gather(node: torch.fx.Node) -> tuple[int, int, int] | None:
     if not static_sizes(source.stride()) or tuple(index.shape) != tuple(out.shape) or index.dim() != source.dim():
         return None
     dim = node.args[1] % source.dim()
-    return dim, int(source.stride(dim)), int(source.shape[dim])
+    return dim, int(source.stride(dim))
 
 
 def gather_view(node: torch.fx.Node) -> tuple[tuple, tuple]:
     """``(shape, strides)`` through which a group's gather ``node`` reads its source: the result's
     shape, the source's strides, and stride 0 along the gathered dim (the index supplies it)."""
-    dim, _, _ = input_gather(node)
+    dim, _ = input_gather(node)
     strides = list(meta_of(node.args[0]).stride())
     strides[dim] = 0
     return tuple(meta_of(node).shape), tuple(strides)

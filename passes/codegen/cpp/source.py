@@ -231,7 +231,7 @@ class KernelWriter:
             access = self.nest.loads[(source, node)]
             row = self.operand(node, level)(index, "int64_t")
             expr = load_expr(f"in{self.index[source]}", f"{self.offset(access.strides, level)} + ({row}) * "
-                             f"{c_size(access.gather[0])}", meta_of(source).dtype)
+                             f"{c_size(access.gather)}", meta_of(source).dtype)
             if compute_type(meta_of(source).dtype) != ct:
                 expr = f"(({ct}){expr})"
         elif node in self.reciprocal_divs:      # (never in half precision with emulation: no rounding)

@@ -245,7 +245,7 @@ class TritonWriter:
         dims |= along
         if not dims:     # one element for all (see load)
             off, dims = ("0 * xo" if self.reduction else "0 * x"), {"x"}
-        pointer = f"in{self.index[source]} + {wrap(row)} * {access.gather[0]}" + (f" + ({off})" if off else "")
+        pointer = f"in{self.index[source]} + {wrap(row)} * {access.gather}" + (f" + ({off})" if off else "")
         mask = self.mask(frozenset(dims), access.strides)
         var = self.fresh("t")
         args = pointer + (f", mask={mask}, other=0" if mask else "")
