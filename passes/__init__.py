@@ -20,6 +20,7 @@ from .dce import DeadCodeElimination
 from .decompose import Decompose, core_aten_check
 from .functionalize import Functionalize, mutated_intermediates
 from .pad_mm import PadMatmul
+from .channels_last import ChannelsLast
 from .pack_weights import PackWeights
 from .transpose_weights import TransposeWeights
 from .fuse import Fuse
@@ -28,7 +29,7 @@ from .cudagraphs import METRIC as CUDAGRAPHS_METRIC, CudaGraphs
 from .partition import Partition
 
 BUILTIN_PASSES = [Capture, Functionalize, Decompose, DeadCodeElimination,
-                  CommonSubexpressionElimination, ConstantFold, PadMatmul, Fuse, PackWeights, TransposeWeights, Reinplace, Codegen, MatmulTemplate, CudaGraphs,
+                  CommonSubexpressionElimination, ConstantFold, PadMatmul, ChannelsLast, Fuse, PackWeights, TransposeWeights, Reinplace, Codegen, MatmulTemplate, CudaGraphs,
                   Partition]
 
 

@@ -26,10 +26,11 @@ def as_fake(values: list, fake_mode=None) -> list:
             for v in values]
 
 
-def example_value(node: torch.fx.Node) -> Any:
+def example_value(node: torch.fx.Node, values: Callable[[torch.fx.Node], Any] | None = None) -> Any:
     """What a new ``call_function`` node computes, from its arguments' example values
-    (``meta['val']``), in their fake mode: the example value a rewrite gives a node it adds."""
-    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+    (``meta['val']``, or what ``values`` gives for a node), in their fake mode: the example value a
+    rewrite gives a node it adds."""
+    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), values or (lambda n: n.meta.get("val")))
     mode = fake_mode_of(torch.utils._pytree.tree_leaves((args, kwargs)))
     with mode if mode is not None else contextlib.nullcontext():
         return node.target(*args, **kwargs)

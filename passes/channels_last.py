@@ -1,0 +1,199 @@
+"""``channels-last``: 2-D convolutions read and write channels-last tensors, and so does what lies between them.
+
+cuDNN's convolution kernels on Hopper are NHWC kernels. Handed NCHW tensors (torch's default
+layout), ATen's convolution runs cuDNN's own transposing kernels around every call: the input and
+the weight into NHWC, the output back (a Stable-Diffusion-style U-Net block spent a fifth of its GPU
+time in them). Handed a channels-last input or weight, ATen picks the NHWC path and returns a
+channels-last output. Inductor makes the same choice (``layout_optimization``).
+
+This pass gives each 2-D convolution channels-last operands (a ``clone`` to ``channels_last`` of
+an input or weight not already so), then recomputes every node's example value in graph order:
+elementwise work on a channels-last tensor is channels-last too (TensorIterator's rule, which the
+fused kernels follow: they write the layout their example value has), so the next convolution's
+input arrives channels-last and its clone is dropped. A ``view`` that the new layout cannot serve
+(a group norm's reshape to groups) reads a contiguous copy instead, which fusion makes inside the
+kernel that reads it. A graph output whose layout changed is copied back to the layout it had, so
+callers see eager's strides. Graphs with ``as_strided`` (layout-dependent by definition) are left
+alone, as are graphs whose convolutions are all channels-last already (models converted with
+``.to(memory_format=torch.channels_last)``).
+
+The weight's clone is made on every call (a small copy; ATen would otherwise make it inside the
+convolution): a kept copy would miss writes through ``weight.data``, the trade ``pack-weights``
+leaves to the plan.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import attrs
+import torch
+import torch.fx
+
+from pipeline import Pass, PassContext, compat, device_types, option, positive
+from passes.kernel_ir.groups import meta_of
+from pipeline.ir import finish
+
+aten = torch.ops.aten
+LAYOUT_DEPENDENT = (aten.as_strided.default, aten.as_strided_scatter.default)
+VIEWS = (aten.view.default, aten._unsafe_view.default)
+
+
+@attrs.frozen
+class ChannelsLastOptions:
+    devices: list[str] = option(["cuda"], "Devices whose convolutions run channels-last.", check=device_types,
+                                tune=(["cuda"], []))
+    min_channels: int = option(16, "Only graphs with a convolution of at least this many input and output "
+                                   "channels (the stem of an image model has 3 and proves nothing).",
+                               check=positive)
+
+
+def _is_channels_last(value: object) -> bool:
+    return isinstance(value, torch.Tensor) and value.dim() == 4 and value.is_contiguous(
+        memory_format=torch.channels_last)
+
+
+def _conv_operands(node: torch.fx.Node, devices: list[str]) -> tuple | None:
+    """``(input, weight)`` of a 2-D convolution on one of ``devices``, else None."""
+    if node.op != "call_function" or node.target is not aten.convolution.default:
+        return None
+    x, w = node.args[0], node.args[1]
+    xv, wv = meta_of(x), meta_of(w)
+    if not (isinstance(xv, torch.Tensor) and isinstance(wv, torch.Tensor) and xv.dim() == 4 and wv.dim() == 4):
+        return None
+    if xv.device.type not in devices or xv.dtype == torch.float64:
+        return None
+    return x, w
+
+
+class ChannelsLast(Pass):
+    """2-D convolutions and the work between them in channels-last layout; outputs keep their layout."""
+
+    name = "channels-last"
+    Options = ChannelsLastOptions
+    version = "1"
+    requires = frozenset({"aten"})
+
+    def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
+        if context.role != "inference":
+            return graph            # a training graph's weight gradients would come back channels-last
+        nodes = list(graph.graph.nodes)
+        convs = [n for n in nodes if _conv_operands(n, self.options.devices) is not None]
+        if not convs:
+            return graph
+        widest = max(min(meta_of(n.args[1]).shape[:2]) for n in convs)
+        if widest < self.options.min_channels:
+            context.note(f"convolutions kept in their layout: none has {self.options.min_channels} channels in and out")
+            return graph
+        if all(_is_channels_last(meta_of(n.args[0])) and _is_channels_last(meta_of(n.args[1])) for n in convs):
+            return graph
+        layout = _Relayout(nodes, convs)
+        if layout.blocker is not None:
+            context.note(f"convolutions kept in their layout: {layout.blocker.name} ({layout.blocker.target}) "
+                         "reads a tensor whose layout would change")
+            return graph
+        counts = layout.apply(graph.graph)
+        context.note(f"{len(convs)} convolution(s) channels-last: {counts[0]} layout copies, {counts[1]} view(s) "
+                     f"through a contiguous copy, {counts[2]} output(s) restored")
+        return finish(graph)
+
+
+class _Relayout:
+    """The graph's example values with every 2-D convolution reading channels-last operands,
+    worked out before anything changes (``blocker`` is the node that forbids it, if any)."""
+
+    def __init__(self, nodes: list, convs: list) -> None:
+        self.nodes = nodes
+        self.values: dict = {}          # node -> its example value in the new layout (changed ones)
+        self.convs = set(convs)
+        self.dense_views: set = set()   # views that need a contiguous copy of their source
+        self.blocker: torch.fx.Node | None = None
+        self._propagate()
+
+    def value(self, node: torch.fx.Node) -> object:
+        return self.values.get(node, node.meta.get("val"))
+
+    def _propagate(self) -> None:
+        changed: set = set()
+        for node in self.nodes:
+            if node.op != "call_function":
+                continue
+            if node in self.convs:
+                operands = {a: _clone(self.value(a), torch.channels_last) for a in node.args[:2]}
+                new = compat.example_value(node, lambda n: operands.get(n, self.value(n)))
+            elif changed.intersection(node.all_input_nodes):
+                if node.target in LAYOUT_DEPENDENT:
+                    self.blocker = node
+                    return
+                try:
+                    new = compat.example_value(node, self.value)
+                except (RuntimeError, ValueError):     # a view the layout cannot serve
+                    if node.target not in VIEWS:
+                        raise
+                    dense = _clone(self.value(node.args[0]), torch.contiguous_format)
+                    new = compat.example_value(node, lambda n: dense if n is node.args[0] else self.value(n))
+                    self.dense_views.add(node)
+            else:
+                continue
+            if _strides(new) != _strides(node.meta.get("val")):
+                self.values[node] = new
+                changed.add(node)
+
+    def apply(self, graph: torch.fx.Graph) -> tuple[int, int, int]:
+        """Rewrite the graph to the worked-out layout; returns (layout copies, views through a
+        contiguous copy, outputs copied back)."""
+        output = next(n for n in reversed(self.nodes) if n.op == "output")
+        made: dict = {}
+        for conv in [n for n in self.nodes if n in self.convs]:
+            for position in (0, 1):
+                operand = conv.args[position]
+                if _is_channels_last(self.value(operand)):
+                    continue
+                if operand not in made:
+                    with graph.inserting_before(conv):
+                        made[operand] = _call(graph, aten.clone.default, operand, torch.channels_last,
+                                              _clone(self.value(operand), torch.channels_last))
+                conv.replace_input_with(operand, made[operand])
+        for view in self.dense_views:
+            source = view.args[0]
+            with graph.inserting_before(view):
+                dense = _call(graph, aten.clone.default, source, torch.contiguous_format,
+                              _clone(self.value(source), torch.contiguous_format))
+            view.replace_input_with(source, dense)
+        restored = 0
+        for node in list(output.all_input_nodes):
+            old, new = meta_of(node), self.values.get(node)
+            if isinstance(new, torch.Tensor) and old.is_contiguous() and not new.is_contiguous():
+                with graph.inserting_before(output):
+                    dense = _call(graph, aten.clone.default, node, torch.contiguous_format,
+                                  _clone(new, torch.contiguous_format))
+                output.replace_input_with(node, dense)
+                restored += 1
+        for node, value in self.values.items():
+            node.meta["val"] = value
+        return len(made), len(self.dense_views), restored
+
+
+def _clone(value: torch.Tensor, memory_format: torch.memory_format) -> torch.Tensor:
+    """A fake copy of ``value`` in ``memory_format``, in its fake mode."""
+    mode = compat.fake_mode_of([value])
+    with mode if mode is not None else contextlib.nullcontext():
+        return torch.ops.aten.clone.default(value, memory_format=memory_format)
+
+
+def _call(graph: torch.fx.Graph, target, source: torch.fx.Node, memory_format: torch.memory_format,
+          value: torch.Tensor) -> torch.fx.Node:
+    node = graph.call_function(target, (source,), {"memory_format": memory_format})
+    node.meta["val"] = value
+    return node
+
+
+def _strides(value: object) -> object:
+    """The strides of a tensor value, or of each tensor in a tuple of them."""
+    if isinstance(value, torch.Tensor):
+        return tuple(value.stride())
+    if isinstance(value, (tuple, list)):
+        return tuple(_strides(v) for v in value)
+    return None
+
+
+__all__ = ["ChannelsLast", "ChannelsLastOptions"]

@@ -1,0 +1,119 @@
+"""channels-last: convolutions and the work between them in channels-last layout, results and
+output layouts as eager's (tested on CPU, where the pass is opt-in)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from passes.channels_last import ChannelsLast, ChannelsLastOptions
+from pipeline import compilation_of, compile_with_plan
+from pipeline.numerics import compare
+from pipeline.testing import assert_preserves_semantics
+
+ON_CPU = {"extends": "default", "options": {"channels-last": {"devices": ["cpu"]}}}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+
+
+class Block(torch.nn.Module):
+    """conv -> norm -> activation (-> + residual), a U-Net / ResNet-style unit."""
+
+    def __init__(self, cin: int, cout: int, kernel: int, stride: int, norm: str, depthwise: bool) -> None:
+        super().__init__()
+        groups = cin if depthwise and cin == cout else 1
+        self.conv = torch.nn.Conv2d(cin, cout, kernel, stride, kernel // 2, groups=groups)
+        self.norm = {"group": torch.nn.GroupNorm(4, cout), "batch": torch.nn.BatchNorm2d(cout),
+                     "none": torch.nn.Identity()}[norm]
+        self.residual = cin == cout and stride == 1
+
+    def forward(self, x):
+        y = torch.nn.functional.silu(self.norm(self.conv(x)))
+        return y + x if self.residual else y
+
+
+def _net(blocks: list, head: str) -> torch.nn.Module:
+    body = torch.nn.Sequential(*blocks)
+    if head == "pool":
+        return torch.nn.Sequential(body, torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten())
+    if head == "flatten":
+        return torch.nn.Sequential(body, torch.nn.Flatten())
+    return body
+
+
+@st.composite
+def conv_nets(draw):
+    cin = draw(st.sampled_from([3, 16]))
+    blocks, channels = [], cin
+    for _ in range(draw(st.integers(1, 3))):
+        cout = draw(st.sampled_from([16, 24] + ([channels] if channels % 4 == 0 else [])))
+        blocks.append(Block(channels, cout, draw(st.sampled_from([1, 3])), draw(st.sampled_from([1, 2])),
+                            draw(st.sampled_from(["group", "batch", "none"])), draw(st.booleans())))
+        channels = cout
+    size = draw(st.sampled_from([5, 8, 12]))
+    return _net(blocks, draw(st.sampled_from(["pool", "flatten", "none"]))).eval(), (draw(st.integers(1, 2)), cin,
+                                                                                       size, size)
+
+
+@settings(max_examples=20, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(conv_nets())
+def test_channels_last_preserves_semantics(case):
+    net, shape = case
+    with torch.no_grad():
+        assert_preserves_semantics(ChannelsLast(ChannelsLastOptions(devices=["cpu"], min_channels=1)), net,
+                                   [torch.randn(shape)])
+
+
+def test_a_convolution_net_runs_channels_last_and_returns_eagers_layout():
+    net = _net([Block(16, 32, 3, 1, "group", False), Block(32, 32, 3, 1, "group", False),
+                Block(32, 32, 3, 2, "batch", True)], "none").eval()
+    compiled = compile_with_plan(net, ON_CPU, report=True)
+    with torch.no_grad():
+        for size in (8, 12):
+            x = torch.randn(2, 16, size, size)
+            expected, actual = net(x), compiled(x)
+            assert compare(expected, actual) is None
+            assert actual.stride() == expected.stride()
+    (record,) = compilation_of(compiled).graphs[:1]
+    notes = [n["message"] for n in record.notes if n["pass"] == "channels-last"]
+    assert notes and notes[0].startswith("3 convolution(s) channels-last")
+
+
+def test_a_channels_last_model_is_left_as_it_is():
+    net = _net([Block(16, 32, 3, 1, "group", False)], "none").eval().to(memory_format=torch.channels_last)
+    x = torch.randn(2, 16, 8, 8).contiguous(memory_format=torch.channels_last)
+    compiled = compile_with_plan(net, ON_CPU, report=True)
+    with torch.no_grad():
+        assert compare(net(x), compiled(x)) is None
+    (record,) = compilation_of(compiled).graphs
+    assert not [n for n in record.notes if n["pass"] == "channels-last"]
+
+
+def test_narrow_convolutions_keep_their_layout():
+    net = _net([Block(3, 8, 3, 1, "none", False)], "pool").eval()
+    compiled = compile_with_plan(net, ON_CPU, report=True)
+    x = torch.randn(1, 3, 8, 8)
+    with torch.no_grad():
+        assert compare(net(x), compiled(x)) is None
+    (record,) = compilation_of(compiled).graphs
+    assert any("none has 16 channels" in n["message"] for n in record.notes if n["pass"] == "channels-last")
+
+
+def test_a_graph_reading_a_changed_layout_through_as_strided_is_left_alone():
+    from pipeline.testing import prelude_for, run_passes
+
+    def fn(x, w):
+        y = torch.ops.aten.convolution.default(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+        return torch.ops.aten.as_strided.default(y.relu(), [2, 16], [1, 2])
+
+    inputs = [torch.randn(2, 16, 6, 6), torch.randn(16, 16, 3, 3)]
+    layout = ChannelsLast(ChannelsLastOptions(devices=["cpu"]))
+    before = run_passes(prelude_for(layout), torch.fx.symbolic_trace(fn), inputs)
+    after = run_passes([layout], before, inputs)
+    assert "as_strided" in before.code and "channels_last" not in after.code
+    assert compare(fn(*inputs), after(*inputs)) is None
