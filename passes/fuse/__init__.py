@@ -36,6 +36,7 @@ from .legality import (Group, can_grow, classify, creates_cycle, independent_mer
 from .cats import pointwise_cats
 from .gathers import index_as_gather, index_views, sink_gathers
 from .onehot import sum_one_hots
+from .pools import slices_through_pads, window_pools
 from .slices import split_elementwise
 from .unroll import unroll_reductions
 from .views import hoist_pads, move_views
@@ -77,6 +78,10 @@ class FuseOptions:
                                        "sizes) become elementwise work on slices of their input, so they join the "
                                        "kernel of their consumers instead of ending it; 0 keeps every reduction a "
                                        "reduction (see passes/fuse/unroll.py).", check=non_negative, tune=(0, 8))
+    window_pools: int = option(25, "Max pools (whose indices nothing reads) and average pools of at most this "
+                                   "many elements per window become elementwise work on strided slices of "
+                                   "their input, computed by the kernel that reads the pool; 0 keeps them ATen "
+                                   "calls (see passes/fuse/pools.py).", check=non_negative, tune=(0, 25))
     conv_bias_apart: list[str] = option(
         ["cuda"], "Devices on which a convolution's bias is added by the kernel that reads the convolution "
                   "(the convolution runs without it): ATen's CUDA convolution adds a bias in a kernel of its "
@@ -90,13 +95,17 @@ class Fuse(Pass):
 
     name = "fuse"
     Options = FuseOptions
-    version = "24"
+    version = "25"
     cache_material = rules.cache_material   # rules a plugin adds or replaces change the output
     requires = frozenset({"functional", "aten"})
     provides = frozenset({"fused"})
     Choices = FusionChoices
 
     def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
+        if self.options.window_pools:
+            pooled = window_pools(graph, self.options.window_pools)
+            if pooled:
+                context.note(f"{pooled} pool(s) computed elementwise over their windows", topic="fusion")
         if self.options.gather_loads:
             index_views(graph)
         if self.options.unroll_reductions:
@@ -112,9 +121,9 @@ class Fuse(Pass):
             if gathered:
                 context.note(f"{gathered} indexing/embedding node(s) computed as gathers", topic="fusion")
         if self.options.move_views:
-            moved = move_views(graph) + hoist_pads(graph)
+            moved = move_views(graph) + hoist_pads(graph) + slices_through_pads(graph)
             if moved:
-                context.note(f"moved {moved} node(s) across reshapes", topic="fusion")
+                context.note(f"moved {moved} node(s) across reshapes and pads", topic="fusion")
         if self.options.sink_gathers:
             sunk = sink_gathers(graph)
             if sunk:
