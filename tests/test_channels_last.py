@@ -117,3 +117,19 @@ def test_a_graph_reading_a_changed_layout_through_as_strided_is_left_alone():
     after = run_passes([layout], before, inputs)
     assert "as_strided" in before.code and "channels_last" not in after.code
     assert compare(fn(*inputs), after(*inputs)) is None
+
+
+def test_a_cpp_kernel_writing_channels_last_loops_over_channels_innermost():
+    """An elementwise kernel loops in its first output's memory order: a channels-last output is
+    stored contiguously (the innermost loop runs over the 24 channels, H and W merged outside)."""
+    from pipeline import compile_report
+
+    def fn(x):
+        return (x * 2 + 1).contiguous(memory_format=torch.channels_last)
+
+    x = torch.randn(2, 24, 5, 7)
+    compiled = compile_with_plan(fn, "cpu-inference", report=True)
+    out = compiled(x)
+    assert compare(fn(x), out) is None and out.stride() == fn(x).stride()
+    (source,) = [k["source"] for g in compile_report(compiled)["graphs"] for k in g["kernels"]]
+    assert "i2 < INT64_C(24)" in source and "o / INT64_C(35)" in source

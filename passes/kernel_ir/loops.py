@@ -166,7 +166,10 @@ def analyze(group: FusedGroup) -> LoopNest:
         raw_outputs.append((out, _strides_for(shape, strides, consumer_shape, domain, reduced)))
     pinned = {a for a in ramp_axes.values() if a is not None}
     pinned |= {axis for _, bounds, _ in padded.values() for axis, _, _ in bounds}
-    loop_sizes, red, loads, outputs, origin = _merge_axes(list(domain), reduced, raw_loads, raw_outputs, pinned)
+    elementwise = not reduced and not any(packet_name(n.target) in REDUCTIONS for n in nodes)
+    order = _memory_order(raw_outputs[0][1]) if elementwise and raw_outputs else None
+    loop_sizes, red, loads, outputs, origin = _merge_axes(list(domain), reduced, raw_loads, raw_outputs, pinned,
+                                                          order)
     ramps = {}
     for node, axis in ramp_axes.items():
         ramp = iota_of(node)
@@ -211,13 +214,30 @@ def _ramp_domain_axis(node: torch.fx.Node, level: str, domain: tuple, reduced: t
     return len(domain) - len(shape) + ramp.axis
 
 
-def _merge_axes(sizes: list[int], reduced: tuple, loads: dict, outputs: list, pinned: set = frozenset()):
+def _memory_order(strides: list) -> list[int] | None:
+    """The domain axes of an elementwise kernel in its first output's memory order, outermost
+    first (a channels-last output loops over channels innermost, so both backends store it
+    contiguously); None when that is the domain's own order or a stride is symbolic."""
+    if not all(type(s) is int for s in strides):
+        return None
+    order = sorted(range(len(strides)), key=lambda axis: -strides[axis])
+    return None if order == sorted(order) else order
+
+
+def _merge_axes(sizes: list[int], reduced: tuple, loads: dict, outputs: list, pinned: set = frozenset(),
+                order: list[int] | None = None):
     """Merge neighbouring axes of the same kind that every access walks as one (contiguously),
     except the ``pinned`` domain axes (an index ramp runs along them, so they keep their own loop
-    index). Also returns, per loop axis, the domain axis it starts at."""
+    index), after putting the axes in ``order`` (domain axes, outermost first) when given. Also
+    returns, per loop axis, the domain axis it starts at."""
     red = set(reduced)
     origin = list(range(len(sizes)))
     accesses = list(loads.values()) + [s for _, s in outputs]
+    if order is not None:
+        sizes[:] = [sizes[i] for i in order]
+        origin = list(order)
+        for acc in accesses:
+            acc[:] = [acc[i] for i in order]
     axis = len(sizes) - 2
     while axis >= 0:
         a, b = axis, axis + 1
