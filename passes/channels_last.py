@@ -164,7 +164,8 @@ class _Relayout:
         restored = 0
         for node in list(output.all_input_nodes):
             old, new = meta_of(node), self.values.get(node)
-            if isinstance(new, torch.Tensor) and old.is_contiguous() and not new.is_contiguous():
+            if isinstance(new, torch.Tensor) and isinstance(old, torch.Tensor) and old.is_contiguous() \
+                    and not new.is_contiguous():
                 with graph.inserting_before(output):
                     dense = _call(graph, aten.clone.default, node, torch.contiguous_format,
                                   _clone(new, torch.contiguous_format))

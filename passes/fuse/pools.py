@@ -4,8 +4,8 @@
 are ATen kernels of their own: the tensor before them is written by one kernel and read by the
 pool. A window of ``kh x kw`` elements is also ``kh * kw`` strided slices of the (padded) input,
 combined elementwise: ``maximum`` for a max pool (``-inf`` padding, which no window consists of
-alone; NaN propagates as ATen's pool propagates it), a sum times the reciprocal of the window
-size for an average pool (without padding, or counting it). The pool then joins the kernel that
+alone; NaN propagates as ATen's pool propagates it), a sum divided by the window size for an
+average pool (without padding, or counting it, or by a given divisor). The pool then joins the kernel that
 reads its result, and the kernel reads its input through the slices' strides.
 
 The slices are of a ``constant_pad_nd``: :func:`slices_through_pads` rewrites ``slice(pad(x))``
