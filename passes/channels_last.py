@@ -19,9 +19,15 @@ alone, as are graphs whose convolutions are all channels-last already (models co
 
 The weight's clone is made on every call (on CUDA a small copy, which ATen would otherwise make
 inside the convolution): a kept copy would miss writes through ``weight.data``, the trade
-``pack-weights`` leaves to the plan. On the CPU that copy costs more than oneDNN's channels-last
-convolutions save on networks with large weights (a ResNet's 512x512x3x3 layers), so the default
-device list is CUDA alone.
+``pack-weights`` leaves to the plan.
+
+Off by default (``devices: []``). On an H100 the U-Net block of the zoo, the one zoo model with
+NCHW convolutions on CUDA, ran slower with it (0.81x / 0.54x of Inductor default /
+reduce-overhead, against 1.07x / 0.91x without; benchmarks/results/zoo-2026-12-06-h100-convnet-diffusion.md):
+its group norms then reduce over channels-last tensors, which the reduction kernels walk in
+logical order, a stride of a whole pixel apart. On the CPU the per-call weight copies cost more
+than oneDNN's channels-last convolutions save on networks with large weights (a ResNet's
+512x512x3x3 layers: 0.33x-0.5x), while mobile nets gained (mobilenet_v2 1.28x).
 """
 from __future__ import annotations
 
@@ -42,8 +48,9 @@ VIEWS = (aten.view.default, aten._unsafe_view.default)
 
 @attrs.frozen
 class ChannelsLastOptions:
-    devices: list[str] = option(["cuda"], "Devices whose convolutions run channels-last.", check=device_types,
-                                tune=(["cuda"], []))
+    devices: list[str] = option([], "Devices whose convolutions run channels-last (none by default: see the "
+                                    "module's docs for what was measured).", check=device_types,
+                                tune=([], ["cuda"]))
     min_channels: int = option(16, "Only graphs with a convolution of at least this many input and output "
                                    "channels (the stem of an image model has 3 and proves nothing).",
                                check=positive)
