@@ -192,7 +192,7 @@ def test_eager_norm_statistics_give_eager_layer_norm_bits(n, dtype):
     """codegen.eager_norm_statistics: the statistics in ATen's Welford order, the threads combined
     as ATen's shuffle tree does, so the fused residual add + layer norm gives eager's exact values."""
     torch._dynamo.reset()
-    plan = {"extends": "default", "options": {"codegen": {"eager_norm_max_row": 8192}}}
+    plan = {"extends": "default", "options": {"codegen": {"eager_norm_max_row": 8192, "eager_norm_min_row": 0}}}
     compiled = compile_with_plan(residual_layer_norm, plan)
     x = (torch.randn(512, n, device="cuda") * 0.05 + torch.randn(512, 1, device="cuda") * 0.01).to(dtype)
     r = (torch.randn(512, n, device="cuda") * 0.05).to(dtype)
@@ -212,7 +212,7 @@ def test_eager_norm_statistics_give_eager_bits_at_every_launch_shape(n, warps, t
     torch._dynamo.reset()
     monkeypatch.setattr(triton_blocks, "TILE_ELEMENTS", tile)
     monkeypatch.setattr(triton_blocks, "WARP_ELEMENTS", max(1, tile // warps))
-    plan = {"extends": "default", "options": {"codegen": {"eager_norm_max_row": 8192}}}
+    plan = {"extends": "default", "options": {"codegen": {"eager_norm_max_row": 8192, "eager_norm_min_row": 0}}}
     compiled = compile_with_plan(residual_layer_norm, plan)
     x = (torch.randn(1030, n, device="cuda") * 0.05 + torch.randn(1030, 1, device="cuda") * 0.01).bfloat16()
     r = (torch.randn(1030, n, device="cuda") * 0.05).bfloat16()

@@ -186,7 +186,8 @@ def test_fp32_rsqrt_is_the_hardware_reciprocal_square_root_as_in_aten():
 
 
 EXACT_STATISTICS = {"extends": "cpu-inference",
-                    "options": {"codegen": {"backend": "triton", "eager_norm_max_row": 8192}}}
+                    "options": {"codegen": {"backend": "triton", "eager_norm_max_row": 8192,
+                                            "eager_norm_min_row": 0}}}
 
 
 @pytest.mark.parametrize("n", [64, 100, 1000])
@@ -275,6 +276,18 @@ def test_eager_norm_statistics_apply_by_default_to_rows_up_to_eager_norm_max_row
     run_plan(layer_norm, torch.randn(6, 1028), torch.randn(1028), torch.randn(1028))
     (kernel,), _ = kernels_of(LAST["graph"])
     assert "pp_welford" not in kernel.source and kernel.source.count("tl.sum(") == 2
+
+
+def test_rows_shorter_than_eager_norm_min_row_take_two_sums_by_default():
+    """ATen's 128 threads of 4 lanes would leave most of a 96-element row's lanes idle (a
+    ConvNeXt layer norm over its channels): such rows take the plain persistent two-sum kernel."""
+    run_plan(layer_norm, torch.randn(6, 96), torch.randn(96), torch.randn(96))
+    (kernel,), _ = kernels_of(LAST["graph"])
+    assert "pp_welford" not in kernel.source and kernel.source.count("tl.sum(") == 2
+    torch._dynamo.reset()
+    run_plan(layer_norm, torch.randn(6, 256), torch.randn(256), torch.randn(256))
+    (kernel,), _ = kernels_of(LAST["graph"])
+    assert "pp_welford_combine" in kernel.source
 
 
 def test_rows_of_a_length_not_divisible_by_4_keep_two_sums_with_the_option():
