@@ -79,6 +79,12 @@ class CodegenOptions:
         1024, "triton: the longest row eager_norm_statistics applies to; longer rows take two sums. The exact "
               "statistics cost nothing measurable on GPT-2's rows of 768 but slow down an issue-bound kernel "
               "on rows of 4096 (benchmarks/results/gpu-2026-11-30-f.md).", check=non_negative)
+    eager_norm_min_row: int = option(
+        256, "triton: the shortest row eager_norm_statistics applies to; shorter rows take two sums in a "
+             "persistent kernel of several rows per program. ATen's order needs 128 threads of 4 lanes per "
+             "row, so on a short row most lanes idle (a ConvNeXt layer norm over 96 channels took 131 us per "
+             "call where Inductor's kernel took 46 us on an H100: "
+             "benchmarks/results/zoo-kernels-2026-12-06-h100-convnet-diffusion.txt).", check=non_negative)
     split_reductions: bool = option(
         True, "triton: run a reduction over a strided axis that would launch few programs (a backward's "
               "bias and norm-weight column sums) as two kernels: partial results over chunks of rows, "
@@ -226,7 +232,7 @@ class Codegen(Pass):
 
     name = "codegen"
     Options = CodegenOptions
-    version = "22"
+    version = "23"
     cache_material = rules.cache_material   # rules a plugin adds or replaces change the output
     requires = frozenset({"fused"})
     provides = frozenset({"codegen"})
@@ -254,7 +260,8 @@ class Codegen(Pass):
                             autotune=options.autotune, compile_workers=options.compile_workers,
                             pitch_rows=options.pitch_rows, split_reductions=options.split_reductions,
                             eager_norm_statistics=options.eager_norm_statistics,
-                            eager_norm_max_row=options.eager_norm_max_row)
+                            eager_norm_max_row=options.eager_norm_max_row,
+                            eager_norm_min_row=options.eager_norm_min_row)
         return triton
 
     def host(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:

@@ -25,16 +25,16 @@ from .split import build_split_kernel, split_plan
 def generate(graph: torch.fx.GraphModule, context: Any, *, emulate_precision: bool,
              autotune: bool = False, compile_workers: int = 0, pitch_rows: bool = True,
              split_reductions: bool = True, eager_norm_statistics: bool = False,
-             eager_norm_max_row: int = 0) -> torch.fx.GraphModule:
+             eager_norm_max_row: int = 0, eager_norm_min_row: int = 0) -> torch.fx.GraphModule:
     """The ``codegen`` pass with ``backend: triton``: a TritonKernel for every fused group it can
     generate; the others keep running eagerly, with the reason in the report. With ``autotune``
     each CUDA kernel's launch shape is chosen by timing candidates (triton/autotune.py). With
     ``compile_workers`` the CUDA kernels' binaries are compiled in parallel (:func:`precompile`).
     With ``pitch_rows``, nests over padded rows run over the padded extent (triton/pitch.py); with
     ``split_reductions``, strided-axis reductions with few programs run in two kernels
-    (triton/split.py); with ``eager_norm_statistics``, the variances of rows of at most
-    ``eager_norm_max_row`` elements are computed in the order of ATen's CUDA layer norm
-    (triton/welford.py)."""
+    (triton/split.py); with ``eager_norm_statistics``, the variances of rows of
+    ``eager_norm_min_row`` to ``eager_norm_max_row`` elements are computed in the order of ATen's
+    CUDA layer norm (triton/welford.py)."""
 
     interpret = interpreting()
     blocked = triton_missing()
@@ -67,7 +67,8 @@ def generate(graph: torch.fx.GraphModule, context: Any, *, emulate_precision: bo
                 if exact is not None:
                     nest, exact = exact, nest
                 row = math.prod(nest.sizes[a] for a in nest.reduced)
-                nest.aten_statistics = eager_norm_statistics and bool(nest.reduced) and row <= eager_norm_max_row
+                nest.aten_statistics = (eager_norm_statistics and bool(nest.reduced)
+                                        and eager_norm_min_row <= row <= eager_norm_max_row)
                 split = split_plan(nest) if split_reductions else None
                 if split is None:
                     generated = kernel_source(nest, emulate_precision=emulate_precision)

@@ -1,5 +1,5 @@
 """Row statistics in ATen's order (``codegen: {eager_norm_statistics: true}``, Triton backend;
-on by default for rows of at most ``eager_norm_max_row`` = 1024 elements).
+on by default for rows of ``eager_norm_min_row`` = 256 to ``eager_norm_max_row`` = 1024 elements).
 
 ``fuse`` writes a ``var_mean`` over a row (layer norm's) as two sums: ``mean = sum(x) / n``, then
 ``var = sum((x - mean)**2) / n``. ATen's CUDA layer norm (``vectorized_layer_norm_kernel``) instead
@@ -35,7 +35,9 @@ with reshapes (``pp_welford_halve``).
 
 Cost (benchmarks/results/gpu-2026-11-30-f.md): none measurable on GPT-2's 4096 x 768 bf16
 residual add + layer norm, but the 8192 x 4096 layer norm + GELU + residual row is an issue-bound
-kernel where the per-value update shows, hence the row limit of the default. Only persistent
+kernel where the per-value update shows, hence the row limit of the default. Rows much shorter
+than 128 x 4 leave most of the block's lanes idle (a layer norm over 96 channels ran 2.8x slower
+than Inductor's two-sum kernel), hence the lower limit. Only persistent
 row kernels with one reduced axis of a length divisible by 4 qualify.
 """
 from __future__ import annotations
