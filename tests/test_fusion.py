@@ -101,6 +101,31 @@ def test_a_convolutions_bias_joins_the_kernel_after_it_where_the_plan_says(conv)
     assert ", None, [" not in compilation_of(kept).graphs[0].final_code
 
 
+class ChannelsNorm(torch.nn.Module):
+    """ConvNeXt's pattern: a depthwise convolution read through a permute by a layer norm over
+    the channels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(16, 16, 7, padding=3, groups=16)
+        self.norm = torch.nn.LayerNorm(16)
+
+    def forward(self, x):
+        return self.norm(self.conv(x).permute(0, 2, 3, 1)).relu()
+
+
+def test_a_convolutions_bias_added_apart_joins_a_norm_reading_it_through_a_permute():
+    model = ChannelsNorm().eval()
+    x = torch.randn(2, 16, 9, 9)
+    apart = compile_with_plan(model, {"extends": "default", "options": {"fuse": {"conv_bias_apart": ["cpu"]}}},
+                              report=True)
+    with torch.no_grad():
+        assert compare(model(x), apart(x)) is None
+    record = compilation_of(apart).graphs[0]
+    assert ", None, [" in record.final_code and record.kernels == 1
+    assert any("bias moved across a permute" in n["message"] for n in record.notes)
+
+
 def test_layer_norm_gelu_residual_is_one_kernel():
     def block(x, w, b):
         return F.gelu(F.layer_norm(x, (x.shape[-1],), w, b)) + x

@@ -39,7 +39,7 @@ from .onehot import sum_one_hots
 from .pools import slices_through_pads, window_pools
 from .slices import split_elementwise
 from .unroll import unroll_reductions
-from .views import hoist_pads, move_views
+from .views import hoist_pads, hoist_permutes, move_views
 
 
 @attrs.frozen
@@ -95,7 +95,7 @@ class Fuse(Pass):
 
     name = "fuse"
     Options = FuseOptions
-    version = "25"
+    version = "26"
     cache_material = rules.cache_material   # rules a plugin adds or replaces change the output
     requires = frozenset({"functional", "aten"})
     provides = frozenset({"fused"})
@@ -139,6 +139,8 @@ class Fuse(Pass):
                 decompositions = {**decompositions,
                                   torch.ops.aten.convolution.default: without_conv_bias(self.options.conv_bias_apart)}
             graph = compat.retrace(graph, context.example_inputs, decompositions=decompositions)
+        if self.options.move_views and self.options.conv_bias_apart and hoist_permutes(graph):
+            context.note("a convolution's bias moved across a permute into the kernel reading it", topic="fusion")
         if self.options.sum_one_hots:
             summed = sum_one_hots(graph)
             if summed:

@@ -52,7 +52,13 @@ def move_views(graph: torch.fx.GraphModule) -> int:
     across elementwise nodes in ``graph`` (in place); returns how many nodes moved. New nodes
     carry example values derived from the old ones; the caller re-traces the graph for exact
     ones."""
-    return _rewrite(graph, (_as_one_view, _hoist, _sink))
+    return _rewrite(graph, (_as_one_view, _hoist, _hoist_permute, _sink))
+
+
+def hoist_permutes(graph: torch.fx.GraphModule) -> int:
+    """Only the permute hoist of :func:`move_views`, for a graph whose decompositions have just
+    added elementwise work (a convolution's bias, added apart); returns how many moved."""
+    return _rewrite(graph, (_hoist_permute,))
 
 
 def _rewrite(graph: torch.fx.GraphModule, rewrites: tuple) -> int:
@@ -255,6 +261,47 @@ def _hoist(graph: torch.fx.Graph, view: torch.fx.Node) -> int:
         moved.meta["val"] = meta_of(view)
     view.replace_all_uses_with(moved)
     graph.erase_node(view)
+    graph.erase_node(source)
+    return 1
+
+
+def _hoist_permute(graph: torch.fx.Graph, permute: torch.fx.Node) -> int:
+    """``permute(f(args), dims)`` -> ``f(permute(args', dims))`` for an elementwise ``f`` whose
+    tensor operands come from outside kernels, each broadcast operand ``a`` first viewed to the
+    result's rank (leading size-1 axes, a view on any layout): ``f`` then joins the kernel reading
+    the permuted value (a convolution's bias, added apart, joins the layer norm over channels that
+    reads the convolution through a permute). 1 if rewritten."""
+    if permute.op != "call_function" or permute.target is not aten.permute.default:
+        return 0
+    source = permute.args[0]
+    if not isinstance(source, torch.fx.Node) or source.op != "call_function" or len(source.users) != 1:
+        return 0
+    if classify(source)[0] != "pointwise" or source.kwargs.get("memory_format") not in LAYOUT_FREE:
+        return 0
+    if not _feeds_kernel(permute) or not _only_kernels_use(permute):
+        return 0
+    out = meta_of(source)
+    dims = list(permute.args[1])
+    tensors = [a for a in source.all_input_nodes if isinstance(meta_of(a), torch.Tensor) and meta_of(a).dim()]
+    if not tensors or not static_sizes(out.shape):
+        return 0
+    for a in tensors:
+        value = meta_of(a)
+        if _in_kernel(a) or value.dim() > out.dim() or not static_sizes(value.shape):
+            return 0
+    with graph.inserting_before(source):
+        moved_args = {}
+        for a in tensors:
+            value = meta_of(a)
+            full = a
+            if value.dim() < out.dim():
+                full = call_with_value(graph, aten.view.default,
+                                       (a, [1] * (out.dim() - value.dim()) + list(value.shape)))
+            moved_args[a] = call_with_value(graph, aten.permute.default, (full, dims))
+        args, kwargs = _remap(source, moved_args)
+        moved = call_with_value(graph, source.target, args, kwargs)
+    permute.replace_all_uses_with(moved)
+    graph.erase_node(permute)
     graph.erase_node(source)
     return 1
 
