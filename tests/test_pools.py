@@ -8,43 +8,18 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import importlib.util  # noqa: E402
-
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from pipeline import compilation_of, compile_with_plan  # noqa: E402
-from pipeline.numerics import compare  # noqa: E402
-from conftest import record_kernels  # noqa: E402
+from conftest import rerun_with_interpreter  # noqa: E402
+from kernel_backends import (BACKENDS, CPP, HAS_TRITON, TRITON, compiled_record, kernels_fixture,  # noqa: E402
+                             with_fuse)
 
-CPP = {"extends": "cpu-inference", "options": {"capture": {"fullgraph": True}}}
-TRITON = {"extends": "cpu-inference", "options": {"codegen": {"backend": "triton"}, "capture": {"fullgraph": True}}}
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-BACKENDS = [pytest.param(CPP, id="cpp"),
-            pytest.param(TRITON, id="triton", marks=pytest.mark.skipif(not HAS_TRITON, reason="no triton"))]
-KERNELS: list = []
-
-
-@pytest.fixture(autouse=True)
-def _record_kernels(monkeypatch, request):
-    if HAS_TRITON:
-        from passes.codegen.triton import runtime as triton_runtime
-        record_kernels(monkeypatch, request, KERNELS, lambda target: isinstance(target, triton_runtime.TritonKernel))
-    else:
-        torch._dynamo.reset()
-    yield
-
-
-def compiled_record(fn, *args, plan=CPP):
-    torch._dynamo.reset()
-    compiled = compile_with_plan(fn, plan)
-    with torch.no_grad():
-        problem = compare(fn(*args), compiled(*args))
-    assert problem is None, problem
-    return compilation_of(compiled).graphs[0]
+KERNELS: list = []      # the Triton kernels of the last Triton compile
+_record_kernels = kernels_fixture(KERNELS)
 
 
 def pools_left(record) -> int:
@@ -91,8 +66,7 @@ def test_windows_of_differing_sizes_keep_atens_average():
 
 
 def test_the_window_limit_keeps_large_pools_atens():
-    plan = {**CPP, "options": {**CPP["options"], "fuse": {"window_pools": 4}}}
-    record = compiled_record(lambda x: F.max_pool2d(x, 3), torch.randn(1, 2, 9, 9), plan=plan)
+    record = compiled_record(lambda x: F.max_pool2d(x, 3), torch.randn(1, 2, 9, 9), plan=with_fuse(CPP, window_pools=4))
     assert pools_left(record) == 1
 
 
@@ -131,3 +105,7 @@ def test_random_pools_match_eager(kind, kernel, stride, padded, dilated, ceil_mo
         def fn(v):
             return F.avg_pool2d(v.tanh(), kernel, stride, padding, ceil_mode, count_include_pad) + 1
     compiled_record(fn, x)
+
+
+def test_module_in_a_fresh_process():
+    rerun_with_interpreter(__file__)
