@@ -98,7 +98,7 @@ class ChannelsLast(Pass):
         layout = _Relayout(nodes, convs)
         if layout.blocker is not None:
             context.note(f"convolutions kept in their layout: {layout.blocker.name} ({layout.blocker.target}) "
-                         "reads a tensor whose layout would change")
+                         "depends on or rejects the layout its input would have")
             return graph
         counts = layout.apply(graph.graph)
         context.note(f"{len(convs)} convolution(s) channels-last: {counts[0]} layout copies, {counts[1]} view(s) "
@@ -137,7 +137,8 @@ class _Relayout:
                     new = compat.example_value(node, self.value)
                 except (RuntimeError, ValueError):     # a view the layout cannot serve
                     if node.target not in VIEWS:
-                        raise
+                        self.blocker = node             # an operator that rejects the layout
+                        return
                     dense = _clone(self.value(node.args[0]), torch.contiguous_format)
                     new = compat.example_value(node, lambda n: dense if n is node.args[0] else self.value(n))
                     self.dense_views.add(node)
