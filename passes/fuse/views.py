@@ -23,6 +23,11 @@ example values), only to static shapes (a new view's shape is written into the g
 elementwise nodes with operands of one shape (or 0-d) are crossed.
 All hoists run first, then all sinks, so the two never undo each other.
 
+Permutes hoist too (:func:`hoist_permutes`): ``permute(f(a, b))`` becomes ``f(permute(a),
+permute(b'))`` when ``f``'s operands come from outside kernels (``b'`` a broadcast operand viewed
+to the result's rank), also after the re-trace that adds convolution biases apart, so a bias joins
+the kernel that reads the convolution through a permute (ConvNeXt's layer norm over channels).
+
 A third rewrite moves pads (:func:`hoist_pads`): ``pad(view(y))`` becomes ``view(pad(y))`` when
 the view leaves the padded trailing dims alone, so that the pad meets the kernel computing ``y``
 and becomes that kernel's padded output (:data:`passes.kernel_ir.groups.PAD`).
