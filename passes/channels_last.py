@@ -113,7 +113,8 @@ class _Relayout:
     def __init__(self, nodes: list, convs: list) -> None:
         self.nodes = nodes
         self.values: dict = {}          # node -> its example value in the new layout (changed ones)
-        self.convs = set(convs)
+        self.convs = convs              # in graph order
+        self.is_conv = set(convs)
         self.dense_views: set = set()   # views that need a contiguous copy of their source
         self.blocker: torch.fx.Node | None = None
         self._propagate()
@@ -126,7 +127,7 @@ class _Relayout:
         for node in self.nodes:
             if node.op != "call_function":
                 continue
-            if node in self.convs:
+            if node in self.is_conv:
                 operands = {a: _clone(self.value(a), torch.channels_last) for a in node.args[:2]}
                 new = compat.example_value(node, lambda n: operands.get(n, self.value(n)))
             elif changed.intersection(node.all_input_nodes):
@@ -153,7 +154,7 @@ class _Relayout:
         contiguous copy, outputs copied back)."""
         output = next(n for n in reversed(self.nodes) if n.op == "output")
         made: dict = {}
-        for conv in [n for n in self.nodes if n in self.convs]:
+        for conv in self.convs:
             for position in (0, 1):
                 operand = conv.args[position]
                 if _is_channels_last(self.value(operand)):

@@ -24,7 +24,7 @@ import torch.fx
 from passes.kernel_ir.groups import meta_of
 from passes.kernel_ir.nodes import input_padding
 
-from .views import _rewrite, call_with_value
+from .views import call_with_value, rewrite_in_rounds
 
 aten = torch.ops.aten
 SLICE = aten.slice.Tensor
@@ -140,7 +140,7 @@ def slices_through_pads(graph: torch.fx.GraphModule) -> int:
     """``slice(constant_pad_nd(x))`` -> ``constant_pad_nd(slice(x))`` (static sizes, positive
     step): the slice then reads ``x`` and the pad keeps only the padding the slice keeps. Returns
     how many slices moved."""
-    return _rewrite(graph, (_slice_through_pad,))
+    return rewrite_in_rounds(graph, (_slice_through_pad,))
 
 
 def _slice_through_pad(graph: torch.fx.Graph, node: torch.fx.Node) -> int:

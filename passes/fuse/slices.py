@@ -31,7 +31,7 @@ from passes.kernel_ir.groups import meta_of
 from passes.kernel_ir.nodes import static_sizes
 
 from .legality import classify
-from .views import LAYOUT_FREE, _remap, _rewrite
+from .views import LAYOUT_FREE, _remap, rewrite_in_rounds
 
 aten = torch.ops.aten
 SPLITS = (aten.split.Tensor, aten.split_with_sizes.default)
@@ -41,7 +41,7 @@ def split_elementwise(graph: torch.fx.GraphModule) -> int:
     """Rewrite slices of elementwise results in ``graph`` (in place) as above, in rounds until
     none applies; returns how many elementwise nodes were split. New nodes carry example values
     derived from the old ones; the caller re-traces the graph for exact ones."""
-    return _rewrite(graph, (_split,))
+    return rewrite_in_rounds(graph, (_split,))
 
 
 def _int(value) -> bool:

@@ -57,16 +57,16 @@ def move_views(graph: torch.fx.GraphModule) -> int:
     across elementwise nodes in ``graph`` (in place); returns how many nodes moved. New nodes
     carry example values derived from the old ones; the caller re-traces the graph for exact
     ones."""
-    return _rewrite(graph, (_as_one_view, _hoist, _hoist_permute, _sink))
+    return rewrite_in_rounds(graph, (_as_one_view, _hoist, _hoist_permute, _sink))
 
 
 def hoist_permutes(graph: torch.fx.GraphModule) -> int:
     """Only the permute hoist of :func:`move_views`, for a graph whose decompositions have just
     added elementwise work (a convolution's bias, added apart); returns how many moved."""
-    return _rewrite(graph, (_hoist_permute,))
+    return rewrite_in_rounds(graph, (_hoist_permute,))
 
 
-def _rewrite(graph: torch.fx.GraphModule, rewrites: tuple) -> int:
+def rewrite_in_rounds(graph: torch.fx.GraphModule, rewrites: tuple) -> int:
     """Apply each rewrite (``rewrite(graph, node) -> 0 | 1``) to every node, in rounds until none
     applies (at most ``MAX_ROUNDS``), one rewrite after the other; returns how many applied."""
     moved = 0
@@ -349,7 +349,7 @@ def hoist_pads(graph: torch.fx.GraphModule) -> int:
     """``constant_pad_nd(view(y))`` -> ``view(constant_pad_nd(y))`` where the pad only appends to
     trailing dims that the view keeps and ``y`` is contiguous (the view then reshapes leading dims
     only, which stays valid on the padded tensor). Returns how many pads moved."""
-    return _rewrite(graph, (_hoist_pad,))
+    return rewrite_in_rounds(graph, (_hoist_pad,))
 
 
 def _hoist_pad(graph: torch.fx.Graph, pad: torch.fx.Node) -> int:
