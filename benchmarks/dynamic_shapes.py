@@ -17,7 +17,9 @@ Dynamo's ``dynamic=None``, so the first size change recompiles once with the siz
 at the timed sizes, ``ours-static`` compiles one graph per size (``capture.dynamic: false``), and
 eager, ours-dynamic, ours-static and inductor-dynamic are timed in interleaved rounds (the order
 rotated and reversed round by round; on the CPU a pause and an untimed call before each variant, as
-the zoo times): wall ms per call (synchronized) and host ms per call (the time to issue it).
+the zoo times): wall ms per call (synchronized) and host ms per call (the time to issue it). Each
+sample is at least ``--iters`` calls and at least ``--sample-ms`` long (calls of a fraction of a
+millisecond are timed over many calls, so one disturbance of the host moves a sample little).
 ``compiles`` counts the graphs each variant compiled; ``kernels`` the generated kernels of our dynamic graph.
 
 Writes ``dynamic-shapes.json`` and ``dynamic-shapes.md`` under ``--out`` (the commit named there is
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -169,7 +172,14 @@ def timed(fn, inputs: tuple, iters: int, device: str) -> tuple[float, float]:
     return (time.perf_counter() - start) * 1e3 / iters, host * 1e3 / iters
 
 
-def run(work: dict, device: str, rounds: int, iters: int, save=lambda result: None) -> dict:
+def sample_iters(variants: dict, inputs: tuple, iters: int, sample_ms: float, device: str) -> int:
+    """Calls per timed sample: ``iters``, or more where the slowest variant's call is so short
+    that ``iters`` calls would take less than ``sample_ms``."""
+    slowest = max(timed(fn, inputs, 3, device)[0] for fn in variants.values())
+    return max(iters, math.ceil(sample_ms / max(slowest, 1e-3)))
+
+
+def run(work: dict, device: str, rounds: int, iters: int, save=lambda result: None, sample_ms: float = 0.0) -> dict:
     model = work["model"]
     print(f"{work['name']}: {len(work['sizes'])} sizes", flush=True)
     dynamic = compile_with_plan(model, "default")
@@ -197,15 +207,17 @@ def run(work: dict, device: str, rounds: int, iters: int, save=lambda result: No
             for fn in variants.values():     # warm: compiles the static graph
                 fn(*inputs)
             result["errors"][f"ours-static@{size}"] = relerr(static(*inputs), expected)
+            calls = sample_iters(variants, inputs, iters, sample_ms, device)
             samples = {name: [] for name in variants}
             for round_ in range(rounds):
                 for name in round_order(list(variants), round_):
                     if device == "cpu":     # the previous variant's OpenMP threads stop spinning first
                         time.sleep(CPU_PAUSE)
                         variants[name](*inputs)
-                    samples[name].append(timed(variants[name], inputs, iters, device))
+                    samples[name].append(timed(variants[name], inputs, calls, device))
             result["times"][size] = {name: {"wall_ms": statistics.median(s[0] for s in v),
-                                            "host_ms": statistics.median(s[1] for s in v)}
+                                            "host_ms": statistics.median(s[1] for s in v),
+                                            "calls_per_sample": calls}
                                      for name, v in samples.items()}
             line = "  ".join(f"{n} {t['wall_ms']:.3f}" for n, t in result["times"][size].items())
             print(f"  {work['name']}@{size}: {line}", flush=True)
@@ -225,7 +237,8 @@ def _builds(result: dict) -> str:
 
 def markdown(results: dict, meta: dict) -> str:
     lines = [f"# Dynamic shapes, {meta['date']}, {meta['machine']}, commit {meta['commit']}", "",
-             "Wall ms per call (median of interleaved rounds; host ms per call in brackets). "
+             f"Wall ms per call (median of {meta.get('rounds', '?')} interleaved rounds, each sample at least "
+             f"{meta.get('iters', '?')} calls and {meta.get('sample_ms', 0):g} ms; host ms per call in brackets). "
              "dyn/static: ours dynamic over ours static; dyn/ind: ours dynamic over Inductor dynamic=None.", ""]
     for name, r in results.items():
         lines += [f"## {name} ({r['dtype']}, sizes {r['sizes'][0]}..{r['sizes'][1]}, {r['sizes'][2]} sizes)", "",
@@ -253,6 +266,8 @@ def main() -> None:
     parser.add_argument("--workloads", default="mlp,block,encoder,gpt2")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--sample-ms", type=float, default=50.0,
+                        help="each timed sample lasts at least this long (more calls for short calls)")
     parser.add_argument("--out", default=".")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -261,7 +276,8 @@ def main() -> None:
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
         cwd=Path(__file__).parent).stdout.strip() or "unknown"
     machine = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or platform.machine()
-    meta = {"date": time.strftime("%Y-%m-%d"), "machine": machine, "commit": commit, "torch": torch.__version__}
+    meta = {"date": time.strftime("%Y-%m-%d"), "machine": machine, "commit": commit, "torch": torch.__version__,
+            "rounds": args.rounds, "iters": args.iters, "sample_ms": args.sample_ms}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = {}
@@ -273,7 +289,7 @@ def main() -> None:
             (out / "dynamic-shapes.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1,
                                                                 default=str))
             (out / "dynamic-shapes.md").write_text(markdown(results, meta))
-        save(run(work, args.device, args.rounds, args.iters, save))
+        save(run(work, args.device, args.rounds, args.iters, save, args.sample_ms))
     print(markdown(results, meta))
 
 

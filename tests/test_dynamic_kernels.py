@@ -108,6 +108,18 @@ def test_sizes_alternating_call_each_size_s_launch_function_written_once(monkeyp
     assert sized and len(sized) == len(set(sized)) == 3 * kernels, written     # sizes 2, 3 and 7
 
 
+def test_a_call_site_of_a_size_class_kernel_is_its_own_launch_function():
+    """The host code calls each symbolic group through a function made for its call site (its
+    donors built in): sizes that repeat call the kernel's launch function at those sizes, a new
+    size binds the site again, and every result matches eager."""
+    sizes = [2, 3, 3, 2, 9, 9, 2]
+    compiled = check_sizes(MLP().eval(), lambda n, g: (torch.randn(n, 32, generator=g),), sizes)
+    record = dynamic_graph(compiled)
+    calls = [line for line in record.final_code.splitlines() if "_sized(" in line]
+    assert calls and all("donors=" not in line.split("#")[0] for line in calls), record.final_code
+    assert any("# donors=" in line for line in calls), record.final_code
+
+
 def test_encoder_with_padding_mask_over_sequence_lengths():
     model = Block().eval()
     sizes = [16, 24, 40, 56, 24]

@@ -20,6 +20,7 @@ plan's ``size_specializations`` builds, groups needing a new one run eagerly at 
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 import attrs
@@ -352,6 +353,12 @@ class Specializer:
                           for name, kernels in self.classes.items() if kernels}}
 
 
+def _with_options(kernel: CompiledKernel, options: dict) -> Callable:
+    def launch(*inputs: torch.Tensor) -> tuple:
+        return kernel(*inputs, **options)
+    return launch
+
+
 def _spelled(binding: dict) -> str:
     return ", ".join(f"{s}={v}" for s, v in sorted(binding.items(), key=lambda b: str(b[0])))
 
@@ -395,6 +402,43 @@ class SizeSpecializedKernel(CompiledKernel):
         if not (donors and takes_donors or reuse and takes_reuse):
             return kernel(*inputs)
         return kernel(*inputs, **self._options(donors, reuse, takes_donors, takes_reuse))
+
+    def launcher(self, kwargs: dict) -> Callable | None:
+        """A function for one call site passing at most ``donors=``: it reads the symbols' values
+        from its inputs and, while they repeat, calls the launch function of the kernel at those
+        sizes directly (no keywords, no tuple of values where one symbol binds)."""
+        if set(kwargs) - {"donors"}:
+            return None
+        donors = tuple(kwargs.get("donors", ()))
+        count = sum(1 for n in self.group.subgraph.graph.nodes if n.op == "placeholder")
+        arguments = ", ".join(f"a{i}" for i in range(count))
+        values = ", ".join(f"a{i}.shape[{d}]" for _, i, d in self.bind)
+        if len(self.bind) > 1:
+            values = f"({values})"
+        site: list = [None, None]       # the values the site last ran at and their call
+
+        def bind(*inputs: torch.Tensor) -> tuple:
+            sizes = tuple(inputs[i].shape[d] for _, i, d in self.bind)
+            binding = {symbol: value for (symbol, _, _), value in zip(self.bind, sizes)}
+            kernel = self.specializer.kernel(self.group, binding)
+            launch = None
+            if isinstance(kernel, CompiledKernel):
+                takes_donors = bool(donors) and kernel.writes_inputs_safely()
+                options = {"donors": donors} if takes_donors else {}
+                launch = kernel.launcher(options)
+                if launch is None and options:
+                    launch = _with_options(kernel, options)
+            site[0], site[1] = (sizes if len(self.bind) > 1 else sizes[0]), launch or kernel
+            return site[1](*inputs)
+
+        name = re.sub(r"\W", "_", self.__name__)     # an identifier (a backend may be unknown: "?")
+        source = (f"def {name}({arguments}):\n"
+                  f"    if {values} == site[0]:\n"
+                  f"        return site[1]({arguments})\n"
+                  f"    return bind({arguments})\n")
+        namespace = {"site": site, "bind": bind}
+        exec(compile(source, f"<launch {name}>", "exec"), namespace)  # noqa: S102 - our own source
+        return namespace[name]
 
     @staticmethod
     def _options(donors: tuple, reuse: tuple, takes_donors: bool, takes_reuse: bool) -> dict:
