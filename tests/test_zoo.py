@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 import zoo  # noqa: E402
 from zoo.runner import run_model  # noqa: E402
 from zoo.summary import family_summary, markdown, summarize  # noqa: E402
-from zoo.variants import VARIANTS, Variant  # noqa: E402
+from zoo.variants import VARIANTS, Variant, same_mode, variant  # noqa: E402
 
 MINIMUM_PER_FAMILY = {"decoder": 5, "encoder": 4, "encoder-decoder": 2, "vision-transformer": 3, "convnet": 5,
                       "mobile": 2, "speech": 1, "diffusion": 1, "moe": 1, "recurrent": 1}
@@ -108,6 +108,23 @@ def test_the_summary_page_lists_failures_and_skips_instead_of_dropping_them(tmp_
     assert "PassFailure: boom" in page and "timm does not import" in page
     assert summary["inference"]["all"]["ours-default"]["pass_rate"] == 0.0
     assert summary["inference_trailing"][0]["model"] == "a"
+
+
+def test_a_plan_variant_is_judged_in_its_base_variants_mode_beside_the_built_in_plans():
+    plan = "ours-reduce-overhead@benchmarks/plans/wide-cats-reduce-overhead.yaml"
+    assert variant(plan).setting == "benchmarks/plans/wide-cats-reduce-overhead.yaml"
+    assert same_mode(plan) == "inductor-reduce-overhead" and same_mode("eager") is None
+    with pytest.raises(KeyError, match="<ours variant>@<plan>"):
+        variant("inductor-default@plans/default.yaml")
+    records = [{"model": "a", "family": "convnet", "mode": "inference", "variants": {
+        "eager": {"status": "pass", "ms": 4.0}, "inductor-reduce-overhead": {"status": "pass", "ms": 2.0},
+        "ours-reduce-overhead": {"status": "pass", "ms": 2.5}, plan: {"status": "pass", "ms": 1.6}}}]
+    result = {"device": "cpu", "date": "2026-12-06", "commit": "abc", "torch": torch.__version__, "size": "small",
+              "rounds": 1, "iters": 1, "jobs": 1, "records": records}
+    summary = summarize(result)
+    assert summary["inference"]["all"][plan]["vs_inductor"] == pytest.approx(1.25)
+    assert {row["variant"] for row in summary["inference_trailing"]} == {"ours-reduce-overhead", plan}
+    assert plan in markdown(result, summary)
 
 
 def test_a_model_whose_retry_alone_the_budget_never_reached_keeps_its_first_attempt(tmp_path, monkeypatch):

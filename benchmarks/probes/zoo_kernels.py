@@ -2,7 +2,8 @@
 by name (calls and time per model call), for eager, Inductor default and our default plan, side
 by side, so that a model where ours trails shows which kernels differ.
 
-    python benchmarks/probes/zoo_kernels.py --device cuda --models vit,t5 --out DIR
+    python benchmarks/probes/zoo_kernels.py --device cuda --models vit,t5 --out DIR [--plan P]
+        [--host-profile CALLS]    # and where the host time of Inductor's and our calls goes
 """
 from __future__ import annotations
 
@@ -54,6 +55,22 @@ def kernel_table(fn, args, kwargs, calls: int, device: str) -> tuple[dict, float
     return {k: (v[0] / calls, v[1] / calls) for k, v in table.items()}, wall
 
 
+def host_profile(fn, args, kwargs, calls: int, top: int) -> str:
+    """cProfile of ``calls`` calls (after the timed ones): where the host time of a call goes."""
+    import cProfile
+    import io
+    import pstats
+    profile = cProfile.Profile()
+    with torch.no_grad():
+        profile.enable()
+        for _ in range(calls):
+            fn(*args, **kwargs)
+        profile.disable()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(top)
+    return "\n".join(line[:220] for line in text.getvalue().splitlines() if line.strip())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda")
@@ -62,6 +79,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=5)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--plan", default="default", help="our plan (a name or a YAML path)")
+    parser.add_argument("--host-profile", type=int, default=0, metavar="CALLS",
+                        help="also cProfile this many calls of Inductor and ours (host time by function)")
     args = parser.parse_args()
     size = args.size or ("full" if args.device == "cuda" else "small")
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
@@ -73,7 +93,7 @@ def main() -> None:
         inputs = tuple(a.to(args.device) if isinstance(a, torch.Tensor) else a for a in inputs)
         kw = {k: (v.to(args.device) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
         variants = {"eager": built.module, "inductor": torch.compile(built.module),
-                    "ours": compile_with_plan(built.module, "default")}
+                    "ours": compile_with_plan(built.module, args.plan)}
         tables = {}
         for label, fn in variants.items():
             try:
@@ -87,6 +107,10 @@ def main() -> None:
                          f"{launches:.0f} launches per call")
             for kernel, (n, us) in sorted(table.items(), key=lambda kv: -kv[1][1])[:args.top]:
                 lines.append(f"{us:9.1f} us {n:5.1f}x  {kernel[:150]}")
+        for label in ("inductor", "ours") if args.host_profile else ():
+            if label in tables:
+                lines.append(f"\n## {name} {label}: host profile of {args.host_profile} calls\n"
+                             + host_profile(variants[label], inputs, kw, args.host_profile, args.top))
         print("\n".join(lines), flush=True)
         if args.out:
             Path(args.out).mkdir(parents=True, exist_ok=True)

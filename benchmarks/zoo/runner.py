@@ -9,6 +9,10 @@ and peak memory.
         [--size full|small] [--mode inference|training|both] [--jobs 4] [--warm] [--accuracy-only]
     pipeline bench --zoo [--family F] [--models a,b] [--device cuda] [...]
 
+``--variants ours-default@PLAN`` (a plan's name or YAML path) adds that plan, judged against the
+Inductor variant of ``ours-default``'s mode, to the same interleaved rounds: an option is measured
+against the built-in plans in one run.
+
 Each model runs in its own process (a crash or an out-of-memory error costs that model only, and
 peak memory is its own); ``--jobs`` runs several at once, with a file lock so that only one of
 them times at a time while the others compile. Results: ``zoo-<device>.json`` (every number),
@@ -46,7 +50,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 
 import zoo  # noqa: E402
 from zoo import measure  # noqa: E402
-from zoo.variants import INFERENCE, TRAINING, VARIANTS, Variant  # noqa: E402
+from zoo.variants import INFERENCE, TRAINING, Variant, variant  # noqa: E402
 
 
 def _run(call: Callable, args: tuple, kwargs: dict) -> Any:
@@ -251,9 +255,10 @@ def _child(args: argparse.Namespace) -> int:
     model = zoo.MODELS[args.one]
     names = (TRAINING if args.one_mode == "training" else INFERENCE)["cuda" if args.device.startswith("cuda") else "cpu"]
     if args.variants:
-        names = [n for n in names if n in args.variants.split(",")]
+        asked = args.variants.split(",")
+        names = [n for n in names if n in asked] + [n for n in asked if "@" in n]
     record = run_model(model, mode=args.one_mode, device=args.device, size=args.size,
-                       variants=[VARIANTS[n] for n in names], cache_dir=Path(args.cache_dir),
+                       variants=[variant(n) for n in names], cache_dir=Path(args.cache_dir),
                        rounds=args.rounds, iters=args.iters, lock=args.lock, timing=not args.accuracy_only)
     Path(args.result).write_text(json.dumps(record, default=str))
     return 0
@@ -424,7 +429,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--size", choices=["full", "small"], default=None,
                         help="full (timing sizes; default on CUDA) or small (default on the CPU)")
     parser.add_argument("--mode", choices=["inference", "training", "both"], default="both")
-    parser.add_argument("--variants", default="", help="only these variants (comma-separated; eager always runs)")
+    parser.add_argument("--variants", default="", help="only these variants (comma-separated; eager always runs); "
+                        "<ours variant>@<plan> adds a plan judged in that variant's mode")
     parser.add_argument("--jobs", type=int, default=1, help="models compiled at once (one times at a time)")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--iters", type=int, default=10)
@@ -447,6 +453,11 @@ def main(argv: list[str] | None = None) -> int:
         args.size = "full" if args.device.startswith("cuda") else "small"
     if args.variants and "eager" not in args.variants.split(","):
         args.variants = "eager," + args.variants
+    for name in filter(None, args.variants.split(",")):
+        try:
+            variant(name)
+        except KeyError as exc:
+            parser.error(str(exc.args[0]))
     if args.one:
         return _child(args)
     from zoo.summary import write_results

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from zoo.measure import geomean
-from zoo.variants import SAME_MODE
+from zoo.variants import same_mode
 
 PASSING = "pass"
 
@@ -48,7 +48,7 @@ def family_summary(records: list[dict]) -> dict[str, dict]:
                      "speedup": geomean(speedups), "compile_s": geomean(compile_s),
                      "compile_s_median": statistics.median(compile_s) if compile_s else None,
                      "memory_ratio": geomean(memory)}
-        against = SAME_MODE.get(name)
+        against = same_mode(name)
         if against:
             ratios = [r["variants"][against]["ms"] / r["variants"][name]["ms"] for r in passing
                       if r["variants"].get(against, {}).get("status") == PASSING
@@ -77,7 +77,7 @@ def trailing(records: list[dict], count: int = 10) -> list[dict]:
     Inductor passes), worst first."""
     rows = []
     for record in records:
-        for ours, theirs in SAME_MODE.items():
+        for ours, theirs in _pairs([record]):
             mine, other = record["variants"].get(ours), record["variants"].get(theirs)
             if not mine or not other or other.get("status") != PASSING:
                 continue
@@ -91,6 +91,12 @@ def trailing(records: list[dict], count: int = 10) -> list[dict]:
                              "ours_host_ms": mine.get("host_ms"), "inductor_host_ms": other.get("host_ms"),
                              "ours_gpu_ms": mine.get("gpu_ms"), "inductor_gpu_ms": other.get("gpu_ms")})
     return sorted(rows, key=lambda r: r["ratio"])[:count]
+
+
+def _pairs(records: list[dict]) -> list[tuple[str, str]]:
+    """(variant of ours, the Inductor variant it is judged against) for the variants that ran."""
+    names = dict.fromkeys(name for r in records for name in r.get("variants", {}))
+    return [(name, same_mode(name)) for name in names if same_mode(name)]
 
 
 def _fmt(value: Any, spec: str = ".2f", suffix: str = "") -> str:
@@ -161,7 +167,7 @@ def plot(result: dict, path: Path) -> bool:
     except ImportError:
         return False
     records = [r for r in result["records"] if r.get("variants")]
-    pairs = [(o, t) for o, t in SAME_MODE.items() if any(o in r["variants"] for r in records)]
+    pairs = _pairs(records)
     if not records or not pairs:
         return False
     fig, axes = plt.subplots(len(pairs), 1, figsize=(max(8, len(records) * 0.4), 3.2 * len(pairs)), squeeze=False)

@@ -88,4 +88,22 @@ SAME_MODE = {"ours-default": "inductor-default", "ours-reduce-overhead": "induct
              "ours-training": "inductor-default", "ours-training-reduce-overhead": "inductor-reduce-overhead"}
 
 
-__all__ = ["INFERENCE", "SAME_MODE", "TRAINING", "VARIANTS", "Variant"]
+def variant(name: str) -> Variant:
+    """The variant called ``name``: one of :data:`VARIANTS`, or ``<ours variant>@<plan>`` (a
+    built-in plan's name or a YAML path), our plan judged in the named variant's mode, so that a
+    plan's option can be compared with the built-in plans in the same run
+    (``ours-default@plans/experiment.yaml``)."""
+    if name in VARIANTS:
+        return VARIANTS[name]
+    base, _, plan = name.partition("@")
+    if not plan or VARIANTS.get(base, Variant("", "")).kind != "ours":
+        raise KeyError(f"no zoo variant {name!r}: one of {', '.join(VARIANTS)}, or <ours variant>@<plan>")
+    return Variant(name, "ours", plan)
+
+
+def same_mode(name: str) -> str | None:
+    """The Inductor variant ``name`` (a variant of ours) is judged against, else None."""
+    return SAME_MODE.get(name.partition("@")[0])
+
+
+__all__ = ["INFERENCE", "SAME_MODE", "TRAINING", "VARIANTS", "Variant", "same_mode", "variant"]

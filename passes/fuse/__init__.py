@@ -149,9 +149,11 @@ class Fuse(Pass):
                     graph = compat.retrace(graph, context.example_inputs)
         graph.graph.eliminate_dead_code()  # unused outputs of rewritten reductions never become kernels
         graph.recompile()
-        copies = split_shared_sources(graph, lambda user: classify(user)[0] not in (None, "reshape"))
+        copies = split_shared_sources(graph, lambda user: classify(user)[0] not in (None, "reshape"),
+                                      lambda node: classify(node)[0] in ("pointwise", "reshape"))
         if copies:
-            context.note(f"{copies} fill(s)/ramp(s) copied into each kernel that reads them", topic="fusion")
+            context.note(f"{copies} fill(s), ramp(s) or index expression(s) copied into each kernel that reads them",
+                         topic="fusion")
         # Grouping compares symbolic sizes at the values Dynamo saw without guarding on them: a
         # group's subgraph computes what its nodes did at any size, and its kernels are generated
         # per concrete size, where a group whose shapes do not line up runs eagerly.

@@ -222,18 +222,33 @@ FUSION_DECOMPOSITIONS = {
 }
 
 
-def split_shared_sources(graph, fusable) -> int:
-    """Give every fusable user of a fill or an index ramp (a node that reads no tensor) its own
-    copy of it, so each consumer's kernel computes the value in registers instead of one user's
-    kernel absorbing it and the others reading it from memory, or an ATen call making it on the
-    device every call. Users that cannot fuse share the original. ``fusable(node)`` says whether a
-    user can fuse. Returns the number of copies made."""
+MAX_COPIED_EXPRESSION = 8   # most nodes of an index expression copied into each kernel reading it
+
+
+def split_shared_sources(graph, fusable, elementwise=lambda node: False) -> int:
+    """Give every fusable user of a fill, an index ramp, or an *index expression* (elementwise
+    work or views computed from those alone, at most ``MAX_COPIED_EXPRESSION`` nodes: a cat's
+    ``iota < offset`` masks) its own copy of it, so each consumer's kernel computes the value in
+    registers instead of one user's kernel absorbing it and the others reading it from memory, or
+    a kernel or an ATen call making it on the device every call. Users that cannot fuse share the
+    original. ``fusable(node)`` says whether a user can fuse; ``elementwise(node)`` whether a node
+    is elementwise work or a view (it may be part of an index expression). Returns the number of
+    copies made (of whole expressions)."""
     from passes.kernel_ir.groups import SOURCES, packet_name
-    made = 0
-    for node in list(graph.graph.nodes):
-        if node.op != "call_function" or packet_name(node.target) not in SOURCES or len(node.users) < 2:
+    nodes = list(graph.graph.nodes)
+    size: dict = {}     # index expression -> its node count (sources: 1)
+    for node in nodes:
+        if node.op != "call_function":
             continue
-        if node.all_input_nodes:
+        if packet_name(node.target) in SOURCES and not node.all_input_nodes:
+            size[node] = 1
+        elif node.all_input_nodes and elementwise(node) and all(a in size for a in node.all_input_nodes):
+            total = 1 + sum(size[a] for a in set(node.all_input_nodes))
+            if total <= MAX_COPIED_EXPRESSION:
+                size[node] = total
+    made = 0
+    for node in reversed(nodes):        # consumers first: a copied expression's inputs are copied with it
+        if node not in size or len(node.users) < 2:
             continue
         users = list(node.users)
         keep_original = [u for u in users if not fusable(u)]
@@ -242,13 +257,26 @@ def split_shared_sources(graph, fusable) -> int:
             copied = copied[1:]         # the original goes to the first fusable user
         for user in copied:
             with graph.graph.inserting_before(user):
-                copy = graph.graph.call_function(node.target, node.args, dict(node.kwargs))
-            copy.meta = dict(node.meta)
-            user.replace_input_with(node, copy)
+                user.replace_input_with(node, _copy_expression(graph.graph, node, size))
             made += 1
     if made:
         graph.recompile()
     return made
+
+
+def _copy_expression(graph, node, expression: dict):
+    """A copy of the index expression ``node`` and everything it is computed from."""
+    import torch.fx
+    copies: dict = {}
+
+    def copy(n):
+        if n not in copies:
+            args = torch.fx.node.map_arg(n.args, lambda a: copy(a) if a in expression else a)
+            kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: copy(a) if a in expression else a)
+            copies[n] = graph.call_function(n.target, args, kwargs)
+            copies[n].meta = dict(n.meta)
+        return copies[n]
+    return copy(node)
 
 
 MAX_FOLDED_RAMP = 1 << 16   # most elements of an index ramp outside kernels stored as a constant
