@@ -18,6 +18,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from conftest import rerun_with_interpreter  # noqa: E402
 from kernel_backends import BACKENDS, CPP, HAS_TRITON, TRITON, compiled_record, kernels_fixture  # noqa: E402
+from pipeline import compile_with_plan  # noqa: E402
 
 KERNELS: list = []      # the Triton kernels of the last Triton compile
 _record_kernels = kernels_fixture(KERNELS)
@@ -81,6 +82,42 @@ def test_max_cat_inputs_zero_keeps_the_cat():
 def test_a_cat_with_more_pieces_than_the_limit_stays_a_cat():
     record = compiled_record(lambda x: torch.cat([x.sin()] * 5, dim=1).exp(), torch.randn(3, 4))
     assert "aten_cat" in record.final_code
+
+
+def _with_cat_limits(plan, **fuse):
+    return {**plan, "options": {**plan["options"], "fuse": fuse}}
+
+
+def test_the_limit_is_per_device_type():
+    """A 5-piece cat stays ATen's on the CPU by default; ``max_cat_inputs_by_device`` raises the
+    CPU's limit (and replaces ``max_cat_inputs`` there)."""
+    fn = lambda x: torch.cat([x.sin()] * 5, dim=1).exp()     # noqa: E731
+    record = compiled_record(fn, torch.randn(3, 4), plan=_with_cat_limits(CPP, max_cat_inputs=0,
+                                                                           max_cat_inputs_by_device={"cpu": 8}))
+    assert "aten_cat" not in record.final_code and record.kernels == 1
+
+
+@pytest.mark.parametrize("plan", BACKENDS)
+def test_a_wide_channels_last_cat_read_by_a_norm_and_relu_is_one_kernel_of_that_layout(plan):
+    """A DenseNet layer: the concatenation of every earlier output, channels-last, read by an eval
+    batch norm and a ReLU. The kernel reads the six pieces and writes the activation in the cat's
+    layout (the convolution after it gets what eager would give it)."""
+    def dense(scale, shift, *pieces):
+        return torch.relu(torch.cat(pieces, dim=1) * scale + shift)
+
+    pieces = [torch.randn(2, c, 3, 5).to(memory_format=torch.channels_last) for c in (4, 2, 2, 2, 2, 2)]
+    scale, shift = torch.randn(14, 1, 1), torch.randn(14, 1, 1)
+    record = compiled_record(dense, scale, shift, *pieces, plan=_with_cat_limits(plan, max_cat_inputs=8))
+    assert record.kernels == 1 and "aten_cat" not in record.final_code, record.final_code
+    compiled = compile_with_plan(dense, _with_cat_limits(plan, max_cat_inputs=8))
+    assert compiled(scale, shift, *pieces).stride() == dense(scale, shift, *pieces).stride()
+
+
+def test_cat_limits_name_known_devices_and_count_from_zero():
+    from pipeline.errors import PlanError
+    for limits in ({"tpu": 8}, {"cuda": -1}):
+        with pytest.raises(PlanError, match="max_cat_inputs_by_device"):
+            compile_with_plan(lambda x: x + 1, _with_cat_limits(CPP, max_cat_inputs_by_device=limits))
 
 
 def test_a_cat_of_extern_results_read_by_an_extern_call_stays_a_cat():

@@ -42,6 +42,15 @@ from .unroll import unroll_reductions
 from .views import hoist_pads, hoist_permutes, move_views
 
 
+def _cat_limits(limits: dict) -> str | None:
+    """Check for ``max_cat_inputs_by_device``: device types to limits of 0 or more."""
+    bad = device_types(list(limits or {}))
+    if bad:
+        return bad
+    wrong = {k: v for k, v in (limits or {}).items() if not isinstance(v, int) or isinstance(v, bool) or v < 0}
+    return f"limits must be integers of 0 or more, got {wrong}" if wrong else None
+
+
 @attrs.frozen
 class FuseOptions:
     max_group_size: int = option(64, "Most ATen nodes one fused group may hold.", check=positive, tune=(16, 64, 256))
@@ -74,6 +83,12 @@ class FuseOptions:
                                     "placed at their offsets, read by the kernel that consumes the cat (masked "
                                     "loads), so the concatenated tensor is never written; 0 keeps every cat an "
                                     "ATen call (see passes/fuse/cats.py).", check=non_negative, tune=(0, 4))
+    max_cat_inputs_by_device: dict[str, int] = option(
+        {"cuda": 64}, "Per device type, a limit that replaces max_cat_inputs for cats on that device. A GPU "
+                      "kernel's masked loads of pieces outside their range read no memory, so wide cats (a "
+                      "DenseNet layer's concatenation of every earlier layer's output, read by its batch norm "
+                      "and ReLU) are selects there too; the C++ backend evaluates every piece's select per "
+                      "element, so the CPU keeps max_cat_inputs.", check=_cat_limits)
     unroll_reductions: int = option(8, "Sums, means and extrema over at most this many elements per result (static "
                                        "sizes) become elementwise work on slices of their input, so they join the "
                                        "kernel of their consumers instead of ending it; 0 keeps every reduction a "
@@ -95,7 +110,7 @@ class Fuse(Pass):
 
     name = "fuse"
     Options = FuseOptions
-    version = "26"
+    version = "27"
     cache_material = rules.cache_material   # rules a plugin adds or replaces change the output
     requires = frozenset({"functional", "aten"})
     provides = frozenset({"fused"})
@@ -129,8 +144,10 @@ class Fuse(Pass):
             if sunk:
                 context.note(f"{sunk} gather(s) of elementwise results now gather before computing",
                              topic="fusion")
-        if self.options.max_cat_inputs:
-            cats = pointwise_cats(graph, self.options.max_cat_inputs)
+        limits = {"cpu": self.options.max_cat_inputs, "cuda": self.options.max_cat_inputs}
+        limits.update(self.options.max_cat_inputs_by_device)
+        if any(limits.values()):
+            cats = pointwise_cats(graph, limits)
             if cats:
                 context.note(f"{cats} cat(s) computed as selects over their placed pieces", topic="fusion")
         with torch.no_grad():

@@ -17,8 +17,8 @@ concatenated tensor is never written. The pad moves below elementwise work on a 
 (``pad(-q2)`` becomes ``-pad(q2)``), so that work joins the kernel too; what a piece computes
 outside its own range is discarded by the select.
 
-A rewrite applies to a cat of static shape, contiguous, along any dim, with at most
-``max_cat_inputs`` non-empty pieces, when it saves a kernel: some piece is elementwise work read
+A rewrite applies to a cat of static shape, contiguous or channels-last, along any dim, with at
+most ``max_cat_inputs`` non-empty pieces (``max_cat_inputs_by_device`` per device type), when it saves a kernel: some piece is elementwise work read
 only by the cat, or every reader of the cat is elementwise (it takes the select into its
 kernel). A cat of extern results read by an extern call (a key-value cache) or by a reduction
 (a U-Net's skip connection into a group norm: reduction kernels do not read padded inputs)
@@ -44,9 +44,10 @@ prims = torch.ops.prims
 MAX_DEPTH = 16      # most elementwise nodes a pad moves below, per piece
 
 
-def pointwise_cats(graph: torch.fx.GraphModule, max_inputs: int) -> int:
-    """Rewrite the qualifying cats of ``graph`` in place (module docstring); returns how many.
-    New nodes carry example values; the caller re-traces the graph for their exact layouts."""
+def pointwise_cats(graph: torch.fx.GraphModule, max_inputs: dict[str, int]) -> int:
+    """Rewrite the qualifying cats of ``graph`` in place (module docstring), with at most
+    ``max_inputs[device type]`` pieces; returns how many. New nodes carry example values; the
+    caller re-traces the graph for their exact layouts."""
     rewritten = 0
     for node in list(graph.graph.nodes):
         pieces = _pieces(node, max_inputs)
@@ -62,13 +63,13 @@ def pointwise_cats(graph: torch.fx.GraphModule, max_inputs: int) -> int:
     return rewritten
 
 
-def _pieces(node: torch.fx.Node, max_inputs: int) -> list[torch.fx.Node] | None:
+def _pieces(node: torch.fx.Node, max_inputs: dict[str, int]) -> list[torch.fx.Node] | None:
     """The non-empty pieces of a cat that qualifies (module docstring), else None."""
     if node.op != "call_function" or node.target is not aten.cat.default:
         return None
     value = meta_of(node)
     if not isinstance(value, torch.Tensor) or value.dim() == 0 or not static_sizes(value.shape) \
-            or not value.is_contiguous() or value.device.type not in ("cpu", "cuda"):
+            or not _dense(value) or value.device.type not in ("cpu", "cuda"):
         return None
     dim = _dim(node) % value.dim()
     pieces = []
@@ -79,7 +80,12 @@ def _pieces(node: torch.fx.Node, max_inputs: int) -> list[torch.fx.Node] | None:
             return None
         if piece_value.shape[dim]:
             pieces.append(piece)
-    return pieces if 2 <= len(pieces) <= max_inputs else None
+    return pieces if 2 <= len(pieces) <= max_inputs.get(value.device.type, 0) else None
+
+
+def _dense(value: torch.Tensor) -> bool:
+    """Contiguous, or channels-last (the layout a select over pieces of that layout takes)."""
+    return value.is_contiguous() or (value.dim() == 4 and value.is_contiguous(memory_format=torch.channels_last))
 
 
 def _dim(node: torch.fx.Node) -> int:
