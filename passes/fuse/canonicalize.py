@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.fx
 
 aten = torch.ops.aten
 
@@ -266,7 +267,6 @@ def split_shared_sources(graph, fusable, elementwise=lambda node: False) -> int:
 
 def _copy_expression(graph, node, expression: dict):
     """A copy of the index expression ``node`` and everything it is computed from."""
-    import torch.fx
     copies: dict = {}
 
     def copy(n):

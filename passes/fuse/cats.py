@@ -18,11 +18,11 @@ concatenated tensor is never written. The pad moves below elementwise work on a 
 outside its own range is discarded by the select.
 
 A rewrite applies to a cat of static shape, contiguous or channels-last, along any dim, with at
-most ``max_cat_inputs`` non-empty pieces (``max_cat_inputs_by_device`` per device type), when it saves a kernel: some piece is elementwise work read
-only by the cat, or every reader of the cat is elementwise (it takes the select into its
-kernel). A cat of extern results read by an extern call (a key-value cache) or by a reduction
-(a U-Net's skip connection into a group norm: reduction kernels do not read padded inputs)
-stays a cat. Pads move only through elementwise operators with floating-point or boolean results
+most ``max_cat_inputs`` non-empty pieces (``max_cat_inputs_by_device`` per device type), when it
+saves a kernel: some piece is elementwise work read only by the cat, or every reader of the cat
+is elementwise (it takes the select into its kernel). A cat of extern results read by an extern
+call (a key-value cache) or by a reduction (a U-Net's skip connection into a group norm:
+reduction kernels do not read padded inputs) stays a cat. Pads move only through elementwise operators with floating-point or boolean results
 (a discarded integer division by the zero padding would raise in eager execution), and through
 slices of such results.
 """
