@@ -88,6 +88,18 @@ def _with_cat_limits(plan, **fuse):
     return {**plan, "options": {**plan["options"], "fuse": fuse}}
 
 
+@pytest.mark.parametrize("plan", BACKENDS)
+def test_a_cat_along_an_outer_dim_computes_its_masks_in_the_kernel_that_reads_it(plan):
+    """The ``iota < offset`` masks of a select over pieces along dim 1 are index expressions: each
+    kernel reading them computes them (they were a kernel of their own, writing boolean masks)."""
+    def scaled(a, b, c, w):
+        return torch.relu(torch.cat([a, b, c], 1) * w)
+
+    record = compiled_record(scaled, *[torch.randn(2, 3 + i, 4, 4) for i in range(3)], torch.randn(12, 1, 1),
+                             plan=plan)
+    assert record.kernels == 1, record.final_code
+
+
 def test_the_limit_is_per_device_type():
     """A 5-piece cat stays ATen's on the CPU by default; ``max_cat_inputs_by_device`` raises the
     CPU's limit (and replaces ``max_cat_inputs`` there)."""
