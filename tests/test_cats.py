@@ -69,8 +69,12 @@ def test_kernels_with_padded_loads_compile_for_sm90():
                      (rotary_in_float, rotary_inputs(16, 16, torch.bfloat16))]:
         compiled_record(fn, *args, plan=TRITON)
         made += KERNELS
+    pieces = [torch.randn(2, c, 3, 5).to(memory_format=torch.channels_last) for c in (4, 2, 2, 2, 2, 2, 2, 2)]
+    compiled_record(_dense_layer, torch.randn(18, 1, 1), torch.randn(18, 1, 1), *pieces,
+                    plan=_with_cat_limits(TRITON, max_cat_inputs=8))
+    made += KERNELS         # a DenseNet layer's select over eight channels-last pieces
     results = compile_all_for_sm90(made)
-    assert len(results) == 3 and all(r["ptx_bytes"] > 0 and r["cubin_bytes"] > 0 for r in results)
+    assert len(results) == 4 and all(r["ptx_bytes"] > 0 and r["cubin_bytes"] > 0 for r in results)
 
 
 def test_max_cat_inputs_zero_keeps_the_cat():
@@ -82,6 +86,10 @@ def test_max_cat_inputs_zero_keeps_the_cat():
 def test_a_cat_with_more_pieces_than_the_limit_stays_a_cat():
     record = compiled_record(lambda x: torch.cat([x.sin()] * 5, dim=1).exp(), torch.randn(3, 4))
     assert "aten_cat" in record.final_code
+
+
+def _dense_layer(scale, shift, *pieces):
+    return torch.relu(torch.cat(pieces, dim=1) * scale + shift)
 
 
 def _with_cat_limits(plan, **fuse):
@@ -114,9 +122,7 @@ def test_a_wide_channels_last_cat_read_by_a_norm_and_relu_is_one_kernel_of_that_
     """A DenseNet layer: the concatenation of every earlier output, channels-last, read by an eval
     batch norm and a ReLU. The kernel reads the six pieces and writes the activation in the cat's
     layout (the convolution after it gets what eager would give it)."""
-    def dense(scale, shift, *pieces):
-        return torch.relu(torch.cat(pieces, dim=1) * scale + shift)
-
+    dense = _dense_layer
     pieces = [torch.randn(2, c, 3, 5).to(memory_format=torch.channels_last) for c in (4, 2, 2, 2, 2, 2)]
     scale, shift = torch.randn(14, 1, 1), torch.randn(14, 1, 1)
     record = compiled_record(dense, scale, shift, *pieces, plan=_with_cat_limits(plan, max_cat_inputs=8))
