@@ -18,7 +18,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from conftest import rerun_with_interpreter  # noqa: E402
 from kernel_backends import BACKENDS, CPP, HAS_TRITON, TRITON, compiled_record, kernels_fixture  # noqa: E402
-from pipeline import compile_with_plan  # noqa: E402
+from pipeline import compilation_of, compile_with_plan  # noqa: E402
 
 KERNELS: list = []      # the Triton kernels of the last Triton compile
 _record_kernels = kernels_fixture(KERNELS)
@@ -129,6 +129,47 @@ def test_a_wide_channels_last_cat_read_by_a_norm_and_relu_is_one_kernel_of_that_
     assert record.kernels == 1 and "aten_cat" not in record.final_code, record.final_code
     compiled = compile_with_plan(dense, _with_cat_limits(plan, max_cat_inputs=8))
     assert compiled(scale, shift, *pieces).stride() == dense(scale, shift, *pieces).stride()
+
+
+def test_the_backward_of_a_rotary_embedding_pads_its_gradient_pieces():
+    """slice(x) backward is slice_scatter(zeros, grad): computed as a pad, which the kernel adding
+    the pieces reads as masked loads (no zero tensor written per piece)."""
+    q = torch.randn(2, 3, 5, 16, requires_grad=True)
+    cos, sin = torch.randn(5, 16), torch.randn(5, 16)
+    plan = {"extends": "training", "options": {"capture": {"fullgraph": True}}}
+    torch._dynamo.reset()
+    compiled = compile_with_plan(rotary, plan)
+    grad = torch.randn(2, 3, 5, 16)
+    expected = torch.autograd.grad(rotary(q, cos, sin), q, grad)[0]
+    got = torch.autograd.grad(compiled(q, cos, sin), q, grad)[0]
+    torch.testing.assert_close(got, expected)
+    backward = next(r for r in compilation_of(compiled).graphs if r.graph_id.endswith("backward"))
+    assert "slice_scatter" not in backward.final_code and "aten_full" not in backward.final_code, backward.final_code
+
+
+@settings(deadline=None, max_examples=40, suppress_health_check=list(HealthCheck), derandomize=True, database=None)
+@given(st.data())
+def test_random_slice_scatters_into_fills_preserve_semantics(data):
+    """slice_scatter(full(v), src, dim, start, end) of any rank, dim, start (negative too) and fill,
+    read by elementwise work, on both backends."""
+    plan = data.draw(st.sampled_from([CPP, TRITON] if HAS_TRITON else [CPP]))
+    rank = data.draw(st.integers(1, 3))
+    shape = [data.draw(st.integers(1, 6)) for _ in range(rank)]
+    dim = data.draw(st.integers(-rank, rank - 1))
+    size = shape[dim]
+    length = data.draw(st.integers(0, size))
+    start = data.draw(st.integers(0, size - length))
+    end = start + length
+    if length and data.draw(st.booleans()):    # the same slice, counted from the end
+        start, end = start - size, (end - size if end < size else None)
+    fill = data.draw(st.sampled_from([0.0, 1.5, -2.0]))
+    piece = list(shape)
+    piece[dim] = length
+
+    def f(src, other):
+        return torch.slice_scatter(torch.full(shape, fill), src * 2, dim, start, end) * other
+
+    compiled_record(f, torch.randn(piece), torch.randn(shape), plan=plan)
 
 
 def test_cat_limits_name_known_devices_and_count_from_zero():

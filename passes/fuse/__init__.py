@@ -33,7 +33,7 @@ from .choices import FusionChoices
 from .dependencies import Dependencies
 from .legality import (Group, can_grow, classify, creates_cycle, independent_merge_problem, input_pad_problem,
                        input_reshape_problem, merge_problem, outside_inputs, shape_problem, sources_only)
-from .cats import pointwise_cats
+from .cats import pointwise_cats, scatters_into_fills
 from .gathers import index_as_gather, index_views, sink_gathers
 from .onehot import sum_one_hots
 from .pools import slices_through_pads, window_pools
@@ -111,7 +111,7 @@ class Fuse(Pass):
 
     name = "fuse"
     Options = FuseOptions
-    version = "27"
+    version = "28"
     cache_material = rules.cache_material   # rules a plugin adds or replaces change the output
     requires = frozenset({"functional", "aten"})
     provides = frozenset({"fused"})
@@ -136,6 +136,9 @@ class Fuse(Pass):
             gathered = index_as_gather(graph)
             if gathered:
                 context.note(f"{gathered} indexing/embedding node(s) computed as gathers", topic="fusion")
+        padded = scatters_into_fills(graph)
+        if padded:
+            context.note(f"{padded} slice_scatter(s) into fills computed as pads", topic="fusion")
         if self.options.move_views:
             moved = move_views(graph) + hoist_pads(graph) + slices_through_pads(graph)
             if moved:

@@ -63,6 +63,55 @@ def pointwise_cats(graph: torch.fx.GraphModule, max_inputs: dict[str, int]) -> i
     return rewritten
 
 
+def scatters_into_fills(graph: torch.fx.GraphModule) -> int:
+    """Rewrite ``slice_scatter(full(v), src, dim, start, end)`` (step 1, static sizes, the result
+    not returned) as ``constant_pad_nd(src, ..., v)``: the same
+    values, and a pad that the kernel reading it takes as a masked load. The backward of a slice
+    is this (a rotary embedding's halves, a split's pieces): each gradient piece was written into
+    a zero tensor by an ATen call before the kernel that adds the pieces up. Returns how many."""
+    returned = set(next(n for n in graph.graph.nodes if n.op == "output").all_input_nodes)
+    rewritten = 0
+    for node in list(graph.graph.nodes):
+        pad = _fill_pad(node) if node not in returned else None
+        if pad is None:
+            continue
+        base, src = node.args[0], node.args[1]
+        with graph.graph.inserting_before(node):
+            padded = call_with_value(graph.graph, aten.constant_pad_nd.default, (src, pad, base.args[1]))
+        node.replace_all_uses_with(padded)
+        graph.graph.erase_node(node)
+        if not base.users:
+            graph.graph.erase_node(base)
+        rewritten += 1
+    if rewritten:
+        graph.recompile()
+    return rewritten
+
+
+def _fill_pad(node: torch.fx.Node) -> list[int] | None:
+    """The pad widths of a ``slice_scatter`` into a fill that :func:`scatters_into_fills` rewrites."""
+    if node.op != "call_function" or node.target is not aten.slice_scatter.default:
+        return None
+    base, src = node.args[0], node.args[1]
+    if not isinstance(base, torch.fx.Node) or base.op != "call_function" or packet_name(base.target) != "aten.full" \
+            or not isinstance(src, torch.fx.Node):
+        return None
+    names = ("dim", "start", "end", "step")
+    given = dict(zip(names, node.args[2:]), **node.kwargs)
+    value, piece = meta_of(node), meta_of(src)
+    if not (isinstance(value, torch.Tensor) and isinstance(piece, torch.Tensor)) or given.get("step", 1) != 1 \
+            or value.dtype != piece.dtype or value.dim() != piece.dim() or value.dim() == 0 \
+            or not static_sizes(value.shape) or not static_sizes(piece.shape):
+        return None
+    dim = given.get("dim", 0) % value.dim()
+    size, length = value.shape[dim], piece.shape[dim]
+    start = given.get("start") or 0
+    start = min(max(start + size if start < 0 else start, 0), size)
+    if start + length > size or any(a != b for d, (a, b) in enumerate(zip(value.shape, piece.shape)) if d != dim):
+        return None
+    return [0, 0] * (value.dim() - 1 - dim) + [start, size - start - length]
+
+
 def _pieces(node: torch.fx.Node, max_inputs: dict[str, int]) -> list[torch.fx.Node] | None:
     """The non-empty pieces of a cat that qualifies (module docstring), else None."""
     if node.op != "call_function" or node.target is not aten.cat.default:
@@ -217,4 +266,4 @@ def _elementwise(node: torch.fx.Node) -> bool:
     return dtype.is_floating_point or dtype == torch.bool
 
 
-__all__ = ["pointwise_cats"]
+__all__ = ["pointwise_cats", "scatters_into_fills"]
