@@ -136,6 +136,14 @@ def test_small_reductions_unrolled_match_eager(plan, reduce):
         assert record.kernels == 1, record.final_code
 
 
+def test_a_sum_of_an_input_that_no_kernel_reads_stays_a_reduction():
+    """A bias gradient over a batch of 4 (a sum of a value read from memory, returned): unrolled it
+    would be four views the host makes per call feeding the same one kernel."""
+    record = compiled_record(lambda g: g.sum(0), torch.randn(4, 16))
+    assert record.kernels == 1 and "slice" not in record.final_code and "reinterpret" not in record.final_code
+    assert not any("computed elementwise" in n["message"] for n in record.notes)
+
+
 def test_a_softmax_over_few_elements_stays_a_reduction():
     """Its kernel already holds the work that reads the max: unrolled it would only read more inputs."""
     record = compiled_record(lambda x: torch.softmax(x, -1), torch.randn(6, 4))

@@ -111,7 +111,7 @@ class Fuse(Pass):
 
     name = "fuse"
     Options = FuseOptions
-    version = "28"
+    version = "29"
     cache_material = rules.cache_material   # rules a plugin adds or replaces change the output
     requires = frozenset({"functional", "aten"})
     provides = frozenset({"fused"})

@@ -17,8 +17,10 @@ elements per result qualifies when what it reduces is read from memory (a kernel
 elementwise work that feeds only this reduction, down to values read from memory: the slices
 then move up through that work (:func:`~.slices.split_elementwise`) and never cut a kernel in
 two. A reduction whose result is read by work over its input's own shape (a softmax's
-``x - max(x)``) stays one: its kernel holds that work already. Sums of half-precision values add
-in float32 and round once, as eager's sum does.
+``x - max(x)``) stays one: its kernel holds that work already; so does one that reduces a value
+read from memory and that no kernel reads (a bias gradient over a batch of 4: its slices would
+only be views the host makes on every call). Sums of half-precision values add in float32 and
+round once, as eager's sum does.
 
 A reduction over the index dims of indexing ``x[idx]`` (:func:`~.gathers.indexing`; after
 :func:`~.gathers.index_views`, ``y[order].view(tokens, 2, hidden).sum(1)`` is one) unrolls into
@@ -65,6 +67,8 @@ def unroll_reductions(graph: torch.fx.GraphModule, limit: int) -> int:
         indexed = _indexed_over(source, dims)
         if indexed is None and not _feeds_only(source, node, dims, value.dim()):
             continue
+        if indexed is None and _read_from_memory(source) and not any(_fusable(user) for user in node.users):
+            continue        # nothing to join: the slices would be views the host makes per call
         replaced, block = node, None
         if indexed is not None:
             replaced, block = _index_block(node, indexed, dims, keepdim)
@@ -162,6 +166,18 @@ def _index_block(node: torch.fx.Node, indexed: tuple, dims: list[int], keepdim: 
                     and math.prod(out.shape[k:k + width]) == math.prod(block):
                 return view, list(out.shape[k:k + width])
     return node, block
+
+
+def _read_from_memory(node: torch.fx.Node) -> bool:
+    """A placeholder or an extern result (through views): no elementwise work for slices to move up through."""
+    while node.op == "call_function" and classify(node)[0] == "reshape":
+        node = node.args[0]
+    return node.op == "placeholder" or (node.op == "call_function" and classify(node)[0] is None)
+
+
+def _fusable(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and classify(node)[0] not in (None, "reshape") or \
+        node.op == "call_function" and classify(node)[0] == "reshape" and any(_fusable(u) for u in node.users)
 
 
 def _feeds_only(source: torch.fx.Node, reduction: torch.fx.Node, dims: list[int], rank: int) -> bool:
