@@ -75,6 +75,16 @@ def test_addmm_of_a_transposed_weight_calls_linear():
     assert "aten_linear" in record.final_code and "addmm" not in record.final_code
 
 
+def test_a_product_with_a_transposed_transpose_reads_the_matrix_itself():
+    """A backward multiplies by the weight its forward transposed: ``mm(g, w.t().t())`` is
+    ``mm(g, w)``, with no view made for either transpose."""
+    g, w = torch.randn(4, 8), torch.randn(8, 16)
+    out, record = run(lambda g, w: torch.mm(g, w.t().t()) * 2, (g, w))
+    assert compare(torch.mm(g, w) * 2, out) is None
+    code = record.final_code
+    assert "aten_mm(" in code and "permute" not in code and "linear" not in code and "as_strided" not in code, code
+
+
 def test_host_code_calls_aten_entry_points_not_the_torch_ops_namespace():
     args = inputs()
     _, record = run(attention_heads, args)

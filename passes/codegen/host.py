@@ -184,7 +184,8 @@ def fold_views(gm: torch.fx.GraphModule) -> int:
 # -- linear --------------------------------------------------------------------------------------
 def lower_linear(gm: torch.fx.GraphModule) -> int:
     """``addmm(b, x, w.T)`` and ``mm(x, w.T)`` with default scalars become ``linear(x, w[, b])``
-    (ATen computes linear of 2-D operands with exactly that addmm/mm); returns the count."""
+    (ATen computes linear of 2-D operands with exactly that addmm/mm), and ``mm(x, w.T.T)`` reads
+    ``w`` itself (a backward's product with a weight its forward transposed); returns the count."""
     graph = gm.graph
     lowered = 0
     for node in list(graph.nodes):
@@ -199,6 +200,11 @@ def lower_linear(gm: torch.fx.GraphModule) -> int:
         weight = transposed_matrix(transposed)
         x_value = meta_of(x)
         if weight is None or not isinstance(x_value, torch.Tensor) or x_value.dim() != 2:
+            continue
+        plain = transposed_matrix(weight)
+        if plain is not None:       # the transpose of a transpose: the matrix itself, no view at all
+            node.replace_input_with(transposed, plain)
+            lowered += 1
             continue
         if bias is not None and (not isinstance(meta_of(bias), torch.Tensor) or meta_of(bias).dim() != 1):
             continue
