@@ -22,9 +22,9 @@ most ``max_cat_inputs`` non-empty pieces (``max_cat_inputs_by_device`` per devic
 saves a kernel: some piece is elementwise work read only by the cat, or every reader of the cat
 is elementwise (it takes the select into its kernel). A cat of extern results read by an extern
 call (a key-value cache) or by a reduction (a U-Net's skip connection into a group norm:
-reduction kernels do not read padded inputs) stays a cat. Pads move only through elementwise operators with floating-point or boolean results
-(a discarded integer division by the zero padding would raise in eager execution), and through
-slices of such results.
+reduction kernels do not read padded inputs) stays a cat. Pads move only through elementwise
+operators with floating-point or boolean results (a discarded integer division by the zero
+padding would raise in eager execution), and through slices of such results.
 """
 from __future__ import annotations
 
@@ -65,10 +65,10 @@ def pointwise_cats(graph: torch.fx.GraphModule, max_inputs: dict[str, int]) -> i
 
 def scatters_into_fills(graph: torch.fx.GraphModule) -> int:
     """Rewrite ``slice_scatter(full(v), src, dim, start, end)`` (step 1, static sizes, the result
-    not returned) as ``constant_pad_nd(src, ..., v)``: the same
-    values, and a pad that the kernel reading it takes as a masked load. The backward of a slice
-    is this (a rotary embedding's halves, a split's pieces): each gradient piece was written into
-    a zero tensor by an ATen call before the kernel that adds the pieces up. Returns how many."""
+    not returned) as ``constant_pad_nd(src, ..., v)``: the same values, and a pad that the kernel
+    reading it takes as a masked load. The backward of a slice is this (a rotary embedding's
+    halves, a split's pieces): each gradient piece was written into a zero tensor by an ATen call
+    before the kernel that adds the pieces up. Returns how many."""
     returned = set(next(n for n in graph.graph.nodes if n.op == "output").all_input_nodes)
     rewritten = 0
     for node in list(graph.graph.nodes):
