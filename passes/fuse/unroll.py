@@ -169,15 +169,21 @@ def _index_block(node: torch.fx.Node, indexed: tuple, dims: list[int], keepdim: 
 
 
 def _read_from_memory(node: torch.fx.Node) -> bool:
-    """A placeholder or an extern result (through views): no elementwise work for slices to move up through."""
+    """A placeholder or an extern result, through views: no elementwise work for slices to move up
+    through."""
     while node.op == "call_function" and classify(node)[0] == "reshape":
         node = node.args[0]
     return node.op == "placeholder" or (node.op == "call_function" and classify(node)[0] is None)
 
 
 def _fusable(node: torch.fx.Node) -> bool:
-    return node.op == "call_function" and classify(node)[0] not in (None, "reshape") or \
-        node.op == "call_function" and classify(node)[0] == "reshape" and any(_fusable(u) for u in node.users)
+    """Whether ``node`` can join a kernel (a view, when something it feeds can)."""
+    if node.op != "call_function":
+        return False
+    kind = classify(node)[0]
+    if kind == "reshape":
+        return any(_fusable(user) for user in node.users)
+    return kind is not None
 
 
 def _feeds_only(source: torch.fx.Node, reduction: torch.fx.Node, dims: list[int], rank: int) -> bool:
