@@ -389,9 +389,7 @@ class SizeSpecializedKernel(CompiledKernel):
             values = tuple([inputs[i].shape[d] for _, i, d in self.bind])
         last_values, kernel, takes_donors, takes_reuse, launch, launch_donors = self.last
         if values != last_values or donors is not launch_donors:
-            sizes = (values,) if self._single is not None else values
-            binding = {symbol: value for (symbol, _, _), value in zip(self.bind, sizes)}
-            kernel = self.specializer.kernel(self.group, binding)
+            kernel = self._kernel_at((values,) if self._single is not None else values)
             compiled = isinstance(kernel, CompiledKernel)
             takes_donors, takes_reuse = compiled and kernel.writes_inputs_safely(), compiled and kernel.accepts_reuse
             # The call site passes the same keywords every call: its launch function at these sizes.
@@ -419,8 +417,7 @@ class SizeSpecializedKernel(CompiledKernel):
 
         def bind(*inputs: torch.Tensor) -> tuple:
             sizes = tuple(inputs[i].shape[d] for _, i, d in self.bind)
-            binding = {symbol: value for (symbol, _, _), value in zip(self.bind, sizes)}
-            kernel = self.specializer.kernel(self.group, binding)
+            kernel = self._kernel_at(sizes)
             launch = None
             if isinstance(kernel, CompiledKernel):
                 takes_donors = bool(donors) and kernel.writes_inputs_safely()
@@ -439,6 +436,10 @@ class SizeSpecializedKernel(CompiledKernel):
         namespace = {"site": site, "bind": bind}
         exec(compile(source, f"<launch {name}>", "exec"), namespace)  # noqa: S102 - our own source
         return namespace[name]
+
+    def _kernel_at(self, sizes: tuple) -> Any:
+        """The kernel (or the group, run eagerly) for the symbols' values ``sizes``."""
+        return self.specializer.kernel(self.group, {symbol: value for (symbol, _, _), value in zip(self.bind, sizes)})
 
     @staticmethod
     def _options(donors: tuple, reuse: tuple, takes_donors: bool, takes_reuse: bool) -> dict:
