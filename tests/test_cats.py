@@ -292,6 +292,65 @@ def _piece_work(piece, work, scale):
     return torch.where(piece > scale, piece, scale * 2)
 
 
+def geglu_gradient(grad, gate, value):
+    """The gradient of ``value * gelu(gate)`` with respect to the projection that made both halves:
+    a cat along the last dim of two elementwise pieces (as a GEGLU's backward has it)."""
+    return torch.cat([grad * F.gelu(gate), grad * value * torch.exp(-gate * gate)], dim=-1) * 2
+
+
+def test_a_cat_select_computes_each_piece_in_a_loop_of_its_own(cpp_kernels_made):
+    """In C++, the select over a cat's pieces runs one loop per piece, computing only that piece's
+    branch: one GELU and one exp per element, not both, and no masked loads."""
+    args = [torch.randn(6, 40) for _ in range(3)]
+    compiled_record(geglu_gradient, *args, plan=CPP)
+    (kernel,) = cpp_kernels_made
+    loops = [line for line in kernel.source.splitlines() if "for (int64_t i1 =" in line]
+    assert len(loops) == 2 and "i1 = 40;" in loops[1], kernel.source
+    assert kernel.source.count("pp_gelu_erf(") == 1 and kernel.source.count("pp_exp(") == 1
+    assert "? " not in kernel.source      # no masked load left
+
+
+def test_a_cat_along_an_outer_dim_branches_per_piece_outside_the_inner_loop(cpp_kernels_made):
+    """Pieces along an outer axis are decided once per outer index: one branch per piece around
+    the inner loop."""
+    a, b = torch.randn(2, 3, 7), torch.randn(2, 5, 7)
+    compiled_record(lambda a, b: torch.cat([a.sin(), b.cos()], dim=1) + 1, a, b, plan=CPP)
+    (kernel,) = cpp_kernels_made
+    assert "if (i1 >= 0 && i1 < 3) {" in kernel.source and "} else {" in kernel.source, kernel.source
+    assert kernel.source.count("pp_sin(") == 1 and kernel.source.count("pp_cos(") == 1
+
+
+_COMPARISONS = [torch.lt, torch.le, torch.gt, torch.ge, torch.eq, torch.ne]
+
+
+@settings(deadline=None, max_examples=60, suppress_health_check=list(HealthCheck), derandomize=True, database=None)
+@given(st.data())
+def test_random_selects_on_index_ramps_preserve_semantics(data):
+    """Selects on comparisons of index ramps (any start and step, either axis, integer or float
+    constants inside or outside the range, combined with and/or/not) against eager, on both
+    backends: what the C++ backend's per-piece loops (passes/codegen/cpp/pieces.py) decide."""
+    plan = data.draw(st.sampled_from([CPP, TRITON] if HAS_TRITON else [CPP]))
+    plan = {**plan, "remove": ["constant-fold"]}    # the ramps stay in the kernel, not a folded mask
+    rows, cols = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 40))
+    axis = data.draw(st.sampled_from([0, 1]))
+    length = (rows, cols)[axis]
+    start, step = data.draw(st.integers(-5, 5)), data.draw(st.sampled_from([1, 2, 3, -1, -2]))
+    tests = [(data.draw(st.sampled_from(_COMPARISONS)),
+              data.draw(st.one_of(st.integers(-8, 2 * length + 8), st.floats(-8, 2 * length + 8))))
+             for _ in range(data.draw(st.integers(1, 2)))]
+    combine = data.draw(st.sampled_from(["and", "or", "not"]))
+
+    def f(x):
+        ramp = torch.arange(start, start + step * length, step)[:length]
+        ramp = ramp[:, None] if axis == 0 else ramp
+        conds = [op(ramp, c) for op, c in tests]
+        cond = conds[0] if len(conds) == 1 else (conds[0] & conds[1] if combine == "and" else conds[0] | conds[1])
+        cond = ~cond if combine == "not" else cond
+        return torch.where(cond, x.sin(), x * 2) + 1
+
+    compiled_record(f, torch.randn(rows, cols), plan=plan)
+
+
 def test_module_in_a_fresh_process():
     """Only when something imported triton before this module could set TRITON_INTERPRET."""
     if not HAS_TRITON:

@@ -232,7 +232,7 @@ class Codegen(Pass):
 
     name = "codegen"
     Options = CodegenOptions
-    version = "24"
+    version = "25"
     cache_material = rules.cache_material   # rules a plugin adds or replaces change the output
     requires = frozenset({"fused"})
     provides = frozenset({"codegen"})
