@@ -2,7 +2,9 @@
 
 ``table: core-aten`` uses torch's core-ATen table (about 940 entries), ``none`` starts empty and
 ``custom`` means exactly the ops listed in ``add``. ``keep`` removes ops from the table (they stay
-as they are, e.g. ``aten.addmm`` for an extern matmul); ``add`` adds ops from torch's registry."""
+as they are, e.g. ``aten.addmm`` for an extern matmul); ``add`` adds ops from torch's registry.
+``keep_on`` keeps ops per device type: their decomposition still applies to calls on other
+devices (a call's device is its first tensor argument's)."""
 from __future__ import annotations
 
 import difflib
@@ -11,8 +13,20 @@ from typing import Literal
 import attrs
 import torch
 
-from pipeline import Pass, PassContext, option
+from pipeline import Pass, PassContext, device_types, option
 from pipeline import compat
+
+
+def _known_ops_on(per_device: dict) -> str | None:
+    """Check for ``keep_on``: device types to lists of operator names."""
+    bad = device_types(list(per_device or {}))
+    if bad:
+        return bad
+    for names in (per_device or {}).values():
+        problem = _known_ops(names) if isinstance(names, list) else f"expected a list of operators, got {names!r}"
+        if problem:
+            return problem
+    return None
 
 
 def _known_ops(names: list[str]) -> str | None:
@@ -35,6 +49,13 @@ class DecomposeOptions:
                              check=_known_ops)
     add: list[str] = option([], "Operators decomposed with torch's registered decomposition.",
                             check=_known_ops)
+    keep_on: dict[str, list[str]] = option(
+        {"cpu": ["aten.native_group_norm_backward"]},
+        "Per device type, operators not decomposed when called on that device (decomposed elsewhere). "
+        "On the CPU a group norm's backward stays ATen's one kernel: decomposed, it is per-channel and "
+        "per-group reductions and the input gradient, five to seven C++ kernels, whose calls cost more "
+        "than fusing saves at the image sizes CPU training sees.",
+        check=_known_ops_on)
 
 
 class Decompose(Pass):
@@ -42,14 +63,14 @@ class Decompose(Pass):
 
     name = "decompose"
     Options = DecomposeOptions
-    version = "1"
+    version = "2"
     requires = frozenset({"aten"})
     provides = frozenset({"decomposed"})
 
     @classmethod
     def provided(cls, options: DecomposeOptions) -> frozenset[str]:
         tags = set(cls.provides)
-        if options.table == "core-aten" and not options.keep:
+        if options.table == "core-aten" and not options.keep and not any((options.keep_on or {}).values()):
             tags.add("core-aten")
         return frozenset(tags)
 
@@ -61,6 +82,14 @@ class Decompose(Pass):
         for name in opts.keep:
             for overload in compat.overloads_of(compat.resolve_op(name)):
                 table.pop(overload, None)
+        kept_on: dict = {}
+        for device, names in (opts.keep_on or {}).items():
+            for name in names:
+                for overload in compat.overloads_of(compat.resolve_op(name)):
+                    kept_on.setdefault(overload, set()).add(device)
+        for overload, devices in kept_on.items():
+            if overload in table:
+                table[overload] = _unless_on(table[overload], frozenset(devices))
         return table
 
     def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
@@ -70,6 +99,19 @@ class Decompose(Pass):
             return graph
         with torch.no_grad():
             return compat.retrace(graph, context.example_inputs, decompositions=table)
+
+
+def _unless_on(decomposition, devices: frozenset):
+    """``decomposition``, except for calls on ``devices``: those trace as the operator itself
+    (``make_fx`` takes a table entry's ``NotImplemented`` as "do not decompose")."""
+    def decompose_unless_kept(*args, **kwargs):
+        for value in torch.utils._pytree.tree_leaves((args, kwargs)):
+            if isinstance(value, torch.Tensor):
+                if value.device.type in devices:
+                    return NotImplemented
+                break
+        return decomposition(*args, **kwargs)
+    return decompose_unless_kept
 
 
 def core_aten_check(gm: torch.fx.GraphModule) -> str | None:

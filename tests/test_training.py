@@ -252,6 +252,35 @@ def test_batch_norm_running_stats_updated_in_forward_match_eager():
     assert_grads_match(eager, compiled)
 
 
+class GroupNormNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.norm = torch.nn.GroupNorm(4, 8)
+
+    def forward(self, x):
+        return F.silu(self.norm(self.conv(x)))
+
+
+@pytest.mark.parametrize("keep_on", [None, {}], ids=["kept-on-cpu", "decomposed"])
+def test_group_norm_backward_is_atens_on_the_cpu_unless_the_plan_decomposes_it(keep_on):
+    """decompose.keep_on (default {cpu: [aten.native_group_norm_backward]}): the CPU backward
+    calls ATen's group norm backward; with keep_on {} it is decomposed into kernels. Gradients
+    match eager either way."""
+    overrides = {} if keep_on is None else {"options": {"decompose": {"keep_on": keep_on}}}
+    eager, compiled = pair(GroupNormNet, **overrides)
+    for seed in (1, 2):
+        x = torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(seed))
+        eager.zero_grad()
+        compiled.zero_grad()
+        eager(x).square().mean().backward()
+        compiled(x).square().mean().backward()
+        assert_grads_match(eager, compiled)
+    backward = pipeline.compilation_of(compiled).graphs[2]
+    assert backward.role == "backward"
+    assert ("native_group_norm_backward" in backward.final_code) == (keep_on is None)
+
+
 def test_no_grad_inference_on_the_same_compiled_module_matches_eager():
     eager, compiled = pair(BatchNormNet)
     x = torch.randn(16, 12)
