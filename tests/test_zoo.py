@@ -115,8 +115,8 @@ def test_the_summary_page_lists_failures_and_skips_instead_of_dropping_them(tmp_
 
 
 def test_a_plan_variant_is_judged_in_its_base_variants_mode_beside_the_built_in_plans():
-    plan = "ours-reduce-overhead@benchmarks/plans/narrow-cats-reduce-overhead.yaml"
-    assert variant(plan).setting == "benchmarks/plans/narrow-cats-reduce-overhead.yaml"
+    plan = "ours-reduce-overhead@benchmarks/plans/wide-cats-reduce-overhead.yaml"
+    assert variant(plan).setting == "benchmarks/plans/wide-cats-reduce-overhead.yaml"
     assert same_mode(plan) == "inductor-reduce-overhead" and same_mode("eager") is None
     with pytest.raises(KeyError, match="<ours variant>@<plan>"):
         variant("inductor-default@plans/default.yaml")

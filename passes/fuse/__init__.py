@@ -84,12 +84,10 @@ class FuseOptions:
                                     "loads), so the concatenated tensor is never written; 0 keeps every cat an "
                                     "ATen call (see passes/fuse/cats.py).", check=non_negative, tune=(0, 4))
     max_cat_inputs_by_device: dict[str, int] = option(
-        {"cuda": 8}, "Per device type, a limit that replaces max_cat_inputs for cats on that device. A GPU "
-                     "kernel's masked loads of pieces outside their range read no memory, so wider cats (a "
-                     "DenseNet layer's concatenation of the earlier layers' outputs, read by its batch norm "
-                     "and ReLU) are selects there too, up to Inductor's limit for pointwise cats (every piece "
-                     "still costs a masked load per element); the C++ backend evaluates every piece's select "
-                     "per element, so the CPU keeps max_cat_inputs.", check=_cat_limits)
+        {}, "Per device type, a limit that replaces max_cat_inputs for cats on that device (e.g. {cuda: 8}, "
+            "Inductor's limit for pointwise cats). Every piece costs its readers a masked load per element "
+            "on the GPU; a DenseNet's wider cats read by their batch norm and ReLU took more GPU time as "
+            "selects of up to 8 pieces than as ATen cats.", check=_cat_limits)
     unroll_reductions: int = option(8, "Sums, means and extrema over at most this many elements per result (static "
                                        "sizes) become elementwise work on slices of their input, so they join the "
                                        "kernel of their consumers instead of ending it; 0 keeps every reduction a "
@@ -111,7 +109,7 @@ class Fuse(Pass):
 
     name = "fuse"
     Options = FuseOptions
-    version = "29"
+    version = "30"
     cache_material = rules.cache_material   # rules a plugin adds or replaces change the output
     requires = frozenset({"functional", "aten"})
     provides = frozenset({"fused"})
