@@ -50,11 +50,15 @@ class DecomposeOptions:
     add: list[str] = option([], "Operators decomposed with torch's registered decomposition.",
                             check=_known_ops)
     keep_on: dict[str, list[str]] = option(
-        {"cpu": ["aten.native_group_norm_backward"]},
+        {"cpu": ["aten.native_group_norm_backward"],
+         "cuda": ["aten._native_batch_norm_legit_functional", "aten.native_batch_norm_backward"]},
         "Per device type, operators not decomposed when called on that device (decomposed elsewhere). "
         "On the CPU a group norm's backward stays ATen's one kernel: decomposed, it is per-channel and "
         "per-group reductions and the input gradient, five to seven C++ kernels, whose calls cost more "
-        "than fusing saves at the image sizes CPU training sees.",
+        "than fusing saves at the image sizes CPU training sees. On CUDA a training batch norm stays "
+        "ATen's: its statistics reduce every image's pixels to one value per channel, which a fused "
+        "Triton reduction with its normalized output (two passes, so never split) computes with one "
+        "program per few channels.",
         check=_known_ops_on)
 
 
