@@ -109,13 +109,22 @@ def _unless_on(decomposition, devices: frozenset):
     """``decomposition``, except for calls on ``devices``: those trace as the operator itself
     (``make_fx`` takes a table entry's ``NotImplemented`` as "do not decompose")."""
     def decompose_unless_kept(*args, **kwargs):
-        for value in torch.utils._pytree.tree_leaves((args, kwargs)):
-            if isinstance(value, torch.Tensor):
-                if value.device.type in devices:
-                    return NotImplemented
-                break
+        if _device_type(list(args) + list(kwargs.values())) in devices:
+            return NotImplemented
         return decomposition(*args, **kwargs)
     return decompose_unless_kept
+
+
+def _device_type(values: list) -> str | None:
+    """The device type of the first tensor among ``values`` (or in a list or tuple among them)."""
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            return value.device.type
+        if isinstance(value, (list, tuple)):
+            found = _device_type(list(value))
+            if found is not None:
+                return found
+    return None
 
 
 def core_aten_check(gm: torch.fx.GraphModule) -> str | None:

@@ -19,6 +19,7 @@ symbolic, or when there would be more than :data:`MAX_PIECES` pieces.
 from __future__ import annotations
 
 import itertools
+import math
 import operator
 from typing import Any
 
@@ -27,7 +28,7 @@ import torch.fx
 
 from passes.kernel_ir.groups import packet_name
 from passes.kernel_ir.loops import LoopNest
-from passes.kernel_ir.rules import PASSTHROUGH
+from passes.kernel_ir.nodes import UNIT_RESHAPES
 
 MAX_PIECES = 16
 _COMPARE = {"aten.lt": operator.lt, "aten.le": operator.le, "aten.gt": operator.gt, "aten.ge": operator.ge,
@@ -50,7 +51,7 @@ class Piece:
 
 
 def _number(arg: Any) -> bool:
-    return isinstance(arg, (int, float)) and not isinstance(arg, bool)
+    return isinstance(arg, (int, float)) and not isinstance(arg, bool) and math.isfinite(arg)
 
 
 def _ramp_comparison(node: torch.fx.Node, nest: LoopNest) -> tuple | None:
@@ -128,7 +129,7 @@ def _known(nest: LoopNest, comparisons: dict, ranges: dict) -> dict:
                 value = _decided(comparisons[node], *ranges[axis])
                 if value is not None:
                     known[node] = value
-        elif name in PASSTHROUGH and node.args and node.args[0] in known:
+        elif name in UNIT_RESHAPES and node.args and node.args[0] in known:   # (a pad's fill is not)
             known[node] = known[node.args[0]]
         elif name in _NOT and node.args[0] in known:
             known[node] = not known[node.args[0]]
