@@ -240,8 +240,16 @@ class BatchNormNet(torch.nn.Module):
         return self.out(torch.relu(self.bn(self.fc(x))))
 
 
-def test_batch_norm_running_stats_updated_in_forward_match_eager():
-    eager, compiled = pair(BatchNormNet)
+KEPT_BATCH_NORM = {"cpu": ["aten._native_batch_norm_legit_functional", "aten.native_batch_norm_backward"]}
+
+
+@pytest.mark.parametrize("keep_on", [None, KEPT_BATCH_NORM], ids=["decomposed", "kept"])
+def test_batch_norm_running_stats_updated_in_forward_match_eager(keep_on):
+    """Running statistics and gradients match eager, with the batch norm decomposed (the CPU's
+    default) or kept ATen's by ``decompose.keep_on`` (CUDA's default; here on the CPU): then
+    forward and backward call ATen's batch norm."""
+    overrides = {} if keep_on is None else {"options": {"decompose": {"keep_on": keep_on}}}
+    eager, compiled = pair(BatchNormNet, **overrides)
     for seed in (6, 7):
         x = torch.randn(16, 12, generator=torch.Generator().manual_seed(seed)) * 3 + 1
         eager(x).square().mean().backward()
@@ -250,6 +258,9 @@ def test_batch_norm_running_stats_updated_in_forward_match_eager():
         torch.testing.assert_close(compiled.bn.running_var, eager.bn.running_var)
         assert compiled.bn.num_batches_tracked.item() == eager.bn.num_batches_tracked.item() == seed - 5
     assert_grads_match(eager, compiled)
+    forward, backward = pipeline.compilation_of(compiled).graphs[1:3]
+    assert ("native_batch_norm_legit_functional" in forward.final_code) == (keep_on is not None)
+    assert ("native_batch_norm_backward" in backward.final_code) == (keep_on is not None)
 
 
 class GroupNormNet(torch.nn.Module):
@@ -279,23 +290,6 @@ def test_group_norm_backward_is_atens_on_the_cpu_unless_the_plan_decomposes_it(k
     backward = pipeline.compilation_of(compiled).graphs[2]
     assert backward.role == "backward"
     assert ("native_group_norm_backward" in backward.final_code) == (keep_on is None)
-
-
-def test_a_training_batch_norm_kept_on_the_device_stays_atens_and_updates_statistics_like_eager():
-    """keep_on keeps a training batch norm ATen's on the devices it names (CUDA by default; here
-    the CPU): forward and backward are ATen calls, running statistics and gradients match eager."""
-    kept = {"cpu": ["aten._native_batch_norm_legit_functional", "aten.native_batch_norm_backward"]}
-    eager, compiled = pair(BatchNormNet, options={"decompose": {"keep_on": kept}})
-    for seed in (6, 7):
-        x = torch.randn(16, 12, generator=torch.Generator().manual_seed(seed)) * 3 + 1
-        eager(x).square().mean().backward()
-        compiled(x).square().mean().backward()
-        torch.testing.assert_close(compiled.bn.running_mean, eager.bn.running_mean)
-        torch.testing.assert_close(compiled.bn.running_var, eager.bn.running_var)
-    assert_grads_match(eager, compiled)
-    forward, backward = pipeline.compilation_of(compiled).graphs[1:3]
-    assert "native_batch_norm_legit_functional" in forward.final_code
-    assert "native_batch_norm_backward" in backward.final_code
 
 
 def test_no_grad_inference_on_the_same_compiled_module_matches_eager():
