@@ -217,8 +217,6 @@ def _feeds_only(source: torch.fx.Node, reduction: torch.fx.Node, dims: list[int]
     return True
 
 
-
-
 def _unrolled(graph: torch.fx.Graph, kind: str, source: torch.fx.Node, dims: list[int], keepdim: bool,
               out_dtype: torch.dtype, indexed: tuple | None = None, block: list | None = None) -> torch.fx.Node:
     """The reduction as a chain of elementwise combines of the size-1 slices of ``source`` (of an

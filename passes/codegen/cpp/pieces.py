@@ -107,16 +107,19 @@ def _cuts(nest: LoopNest, comparisons: dict) -> dict:
     return out
 
 
-def _load_state(bounds: tuple, ranges: dict) -> tuple:
-    """Per bound of a padded load: 'in' (always inside over ``ranges``), 'out' or 'partial'."""
-    states = []
+def open_bounds(bounds: tuple, ranges: dict) -> tuple | None:
+    """The bounds of a padded load still to test over ``ranges`` (those the ranges do not lie
+    wholly inside), or None when the ranges lie wholly outside one: the load is its fill there."""
+    left = []
     for axis, lo, hi in bounds:
-        if axis not in ranges:
-            states.append("partial")
-            continue
-        plo, phi = ranges[axis]
-        states.append("in" if lo <= plo and phi <= hi else "out" if phi <= lo or plo >= hi else "partial")
-    return tuple(states)
+        if axis in ranges:
+            plo, phi = ranges[axis]
+            if phi <= lo or plo >= hi:
+                return None
+            if lo <= plo and phi <= hi:
+                continue
+        left.append((axis, lo, hi))
+    return tuple(left)
 
 
 def _known(nest: LoopNest, comparisons: dict, ranges: dict) -> dict:
@@ -180,7 +183,7 @@ def pieces(nest: LoopNest) -> list[Piece] | None:
 
     def signature(ranges: dict) -> tuple:
         known = _known(nest, comparisons, ranges)
-        loads = tuple(_load_state(access.bounds, ranges) for access in nest.loads.values())
+        loads = tuple(open_bounds(access.bounds, ranges) for access in nest.loads.values())
         return tuple(sorted((n.name, v) for n, v in known.items())), loads
 
     for axis in axes:       # merge neighbouring ranges that decide the same way everywhere

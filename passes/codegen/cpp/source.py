@@ -22,7 +22,7 @@ from passes.kernel_ir.symbolic import render, symbol_name
 
 from .header import HEADER
 from .ops import C_STORAGE, CppEmitter, compute_type, literal, load_expr, round_to, store_expr
-from .pieces import Piece, pieces
+from .pieces import Piece, open_bounds, pieces
 
 
 # Below these sizes a parallel region costs more than it saves (waking the OpenMP team is tens of
@@ -109,7 +109,7 @@ class KernelWriter:
                     access = self.nest.loads[(arg, consumer)]
                     value = load_expr(f"in{self.index[arg]}", self.offset(access.strides, level, access.shift),
                                       meta_of(arg).dtype)
-                    bounds = self.open_bounds(access.bounds)
+                    bounds = access.bounds if self.piece is None else open_bounds(access.bounds, self.piece.ranges)
                     fill = literal(access.fill, compute_type(meta_of(arg).dtype))
                     if bounds is None:      # a padded input outside its source in this piece
                         value = fill
@@ -121,20 +121,6 @@ class KernelWriter:
                 return value if compute_type(meta_of(arg).dtype) == ctype else f"(({ctype}){value})"
             return literal(arg, ctype)
         return render
-
-    def open_bounds(self, bounds: tuple) -> tuple | None:
-        """The bounds of a padded load still to test in the current piece (all of them outside
-        pieces), or None when the piece lies outside them."""
-        if self.piece is None:
-            return bounds
-        left = []
-        for axis, lo, hi in bounds:
-            plo, phi = self.piece.ranges.get(axis, (None, None))
-            if plo is None or not (lo <= plo and phi <= hi):
-                if plo is not None and (phi <= lo or plo >= hi):
-                    return None
-                left.append((axis, lo, hi))
-        return tuple(left)
 
     def decided(self, node: torch.fx.Node) -> str | None:
         """In a piece: the expression of a comparison it decides, or of a select whose condition
@@ -258,15 +244,14 @@ class KernelWriter:
             for piece in split:
                 key = tuple((a, r) for a, r in sorted(piece.ranges.items()) if a != last)
                 branches.setdefault(key, []).append(piece)
+            several = len(branches) > 1
             for k, (key, group) in enumerate(branches.items()):
                 test = " && ".join(f"i{a} >= {lo} && i{a} < {hi}" for a, (lo, hi) in key)
-                depth = 2
-                if len(branches) > 1:
-                    opener = "if" if k == 0 else "} else if" if k < len(branches) - 1 else "} else"
-                    self.emit(2, f"{opener} ({test}) {{" if opener != "} else" else "} else {")
-                    depth = 3
-                self.inner_loops(depth, last, sizes[last], "#pragma omp simd", group)
-            if len(branches) > 1:
+                if several:
+                    self.emit(2, f"if ({test}) {{" if k == 0 else "} else {" if k == len(branches) - 1
+                              else f"}} else if ({test}) {{")
+                self.inner_loops(3 if several else 2, last, sizes[last], "#pragma omp simd", group)
+            if several:
                 self.emit(2, "}")
         self.emit(1, "}")
 
