@@ -86,9 +86,11 @@ class CodegenOptions:
              "call where Inductor's kernel took 46 us on an H100: "
              "benchmarks/results/zoo-kernels-2026-12-06-h100-convnet-diffusion.txt).", check=non_negative)
     split_reductions: bool = option(
-        True, "triton: run a reduction over a strided axis that would launch few programs (a backward's "
-              "bias and norm-weight column sums) as two kernels: partial results over chunks of rows, "
-              "then their combination with the group's epilogue (see passes/codegen/triton/split.py).",
+        True, "triton: run a reduction that would launch few programs for its rows (a backward's bias and "
+              "norm-weight column sums, a batch norm's per-channel sums) as two kernels: partial results "
+              "over chunks of rows, then their combination with the group's epilogue "
+              "(passes/codegen/triton/split.py); such a group with several passes or full-level outputs "
+              "runs as one such pair per pass and a pointwise kernel (passes/codegen/triton/stages.py).",
         tune=(True, False))
     compile_workers: int = option(
         8, "triton: threads compiling a graph's distinct CUDA kernels in parallel when it is generated, "
@@ -232,7 +234,7 @@ class Codegen(Pass):
 
     name = "codegen"
     Options = CodegenOptions
-    version = "25"
+    version = "26"
     cache_material = rules.cache_material   # rules a plugin adds or replaces change the output
     requires = frozenset({"fused"})
     provides = frozenset({"codegen"})

@@ -1,11 +1,12 @@
 """The ``codegen`` pass's Triton branch: a :class:`~.runtime.TritonKernel` for every fused group
 the backend can generate (with the special kernels: pitched rows, split reductions, ATen-ordered
-row statistics), the others left to run eagerly with the reason noted."""
+row statistics, staged reductions), the others left to run eagerly with the reason noted."""
 from __future__ import annotations
 
 import math
 from typing import Any, Callable
 
+import attrs
 import torch
 import torch.fx
 
@@ -19,7 +20,8 @@ from .precompile import precompile
 from .runtime import TritonKernel, interpreter_problem, interpreting, kernel_dir, load_module, triton_missing, write_source
 from .nest import TritonNest
 from .source import TritonSource, kernel_source
-from .split import build_split_kernel, split_plan
+from .split import build_split_kernel, split_plan, wants_stages
+from .stages import build_staged_kernel
 
 
 def generate(graph: torch.fx.GraphModule, context: Any, *, emulate_precision: bool,
@@ -42,8 +44,10 @@ def generate(graph: torch.fx.GraphModule, context: Any, *, emulate_precision: bo
         blocked = interpreter_problem()
     cache = context.cache
     directory, persistent = (cache.dir, cache.enabled) if cache is not None else (None, True)
-    made, hits = 0, 0
-    cuda_kernels: list[tuple[TritonKernel, list[torch.dtype]]] = []
+    maker = _KernelMaker(context, emulate_precision=emulate_precision, autotune=autotune, pitch_rows=pitch_rows,
+                         split_reductions=split_reductions, eager_norm_statistics=eager_norm_statistics,
+                         eager_norm_max_row=eager_norm_max_row, eager_norm_min_row=eager_norm_min_row,
+                         directory=directory, persistent=persistent, interpret=interpret)
     for node in graph.graph.nodes:
         if node.op != "call_function" or not isinstance(node.target, FusedGroup):
             continue
@@ -60,33 +64,79 @@ def generate(graph: torch.fx.GraphModule, context: Any, *, emulate_precision: bo
             continue
         symbolic = group.decisions is not None      # generated for a size class (passes/codegen/specialize.py)
         try:
-            with binding(group.decisions):
-                nest = TritonNest.of(analyze(group))
-                # Pitched rows serve pad-mm's static padding; a size class runs the exact kernel.
-                exact = pitch_nest(nest) if pitch_rows and not symbolic else None
-                if exact is not None:
-                    nest, exact = exact, nest
-                row = math.prod(nest.sizes[a] for a in nest.reduced)
-                nest.aten_statistics = (eager_norm_statistics and bool(nest.reduced)
-                                        and eager_norm_min_row <= row <= eager_norm_max_row)
-                split = split_plan(nest) if split_reductions else None
-                if split is None:
-                    generated = kernel_source(nest, emulate_precision=emulate_precision)
-                elif symbolic:
-                    raise UnsupportedGroup(f"a split reduction ({split.count} chunks) is made for static sizes")
-            if split is not None:
-                node.target, stages = build_split_kernel(group, nest, split, emulate_precision=emulate_precision,
-                                                         directory=directory, persistent=persistent,
-                                                         interpret=interpret)
-                made += 1
-                context.note(f"{group.name}: split reduction, {split.count} chunks of {split.chunk} rows")
-                if device.type == "cuda" and not interpret:
-                    cuda_kernels.extend(stages)
-                continue
+            node.target = maker.kernel(group, device)
         except (UnsupportedGroup, NotImplementedError, *((TypeError,) if symbolic else ())) as exc:
             context.note(f"{group.name}: runs eagerly: {exc}")
-            continue
-        if autotune and device.type == "cuda" and not interpret and not symbolic:
+    if maker.made:
+        context.note(f"{maker.made} Triton kernel(s) in {kernel_dir(directory, persistent=persistent)} "
+                     f"({maker.hits} cache hit(s))" + (" run by the Triton interpreter" if interpret else ""))
+        graph.recompile()
+    if maker.cuda_kernels and compile_workers:
+        compiled, seconds = precompile(maker.cuda_kernels, compile_workers)
+        if compiled:
+            context.note(f"{compiled} distinct Triton kernel binaries compiled by {compile_workers} thread(s) "
+                         f"in {seconds:.2f} s before the first launch")
+    return graph
+
+
+@attrs.define
+class _KernelMaker:
+    """Makes the kernel of one group with :func:`generate`'s settings, counting what it made."""
+
+    context: Any
+    emulate_precision: bool
+    autotune: bool
+    pitch_rows: bool
+    split_reductions: bool
+    eager_norm_statistics: bool
+    eager_norm_max_row: int
+    eager_norm_min_row: int
+    directory: Any
+    persistent: bool
+    interpret: bool
+    made: int = 0
+    hits: int = 0
+    cuda_kernels: list = attrs.field(factory=list)      # (kernel, argument dtypes) for precompile
+
+    def kernel(self, group: FusedGroup, device: torch.device) -> Any:
+        """The kernel of ``group`` (raises UnsupportedGroup, NotImplementedError, or TypeError for
+        a size class, when there is none)."""
+        context, directory, persistent, interpret = self.context, self.directory, self.persistent, self.interpret
+        emulate_precision = self.emulate_precision
+        placeholders = [n for n in group.subgraph.graph.nodes if n.op == "placeholder"]
+        on_gpu = device.type == "cuda" and not interpret
+        symbolic = group.decisions is not None
+        with binding(group.decisions):
+            nest = TritonNest.of(analyze(group))
+            # Pitched rows serve pad-mm's static padding; a size class runs the exact kernel.
+            exact = pitch_nest(nest) if self.pitch_rows and not symbolic else None
+            if exact is not None:
+                nest, exact = exact, nest
+            row = math.prod(nest.sizes[a] for a in nest.reduced)
+            nest.aten_statistics = (self.eager_norm_statistics and bool(nest.reduced)
+                                    and self.eager_norm_min_row <= row <= self.eager_norm_max_row)
+            if self.split_reductions and wants_stages(nest):
+                try:
+                    staged = build_staged_kernel(group, nest, lambda stage: self.kernel(stage, device))
+                except (UnsupportedGroup, NotImplementedError) as exc:
+                    context.note(f"{group.name}: stays one kernel: its stages cannot be generated: {exc}")
+                else:
+                    context.note(f"{group.name}: staged reduction, {len(staged.kernels)} kernels")
+                    return staged
+            split = split_plan(nest) if self.split_reductions else None
+            if split is None:
+                generated = kernel_source(nest, emulate_precision=emulate_precision)
+            elif symbolic:
+                raise UnsupportedGroup(f"a split reduction ({split.count} chunks) is made for static sizes")
+        if split is not None:
+            kernel, stages = build_split_kernel(group, nest, split, emulate_precision=emulate_precision,
+                                                directory=directory, persistent=persistent, interpret=interpret)
+            self.made += 1
+            context.note(f"{group.name}: split reduction, {split.count} chunks of {split.chunk} rows")
+            if on_gpu:
+                self.cuda_kernels.extend(stages)
+            return kernel
+        if self.autotune and on_gpu and not symbolic:
             from .autotune import tune
 
             def jitted(source: TritonSource):
@@ -118,21 +168,11 @@ def generate(graph: torch.fx.GraphModule, context: Any, *, emulate_precision: bo
         else:
             kernel = TritonKernel(group, generated, module, path, *arguments, **pitched)
             kernel.alternatives = _other_launch_shapes(nest, generated, emulate_precision, directory, persistent)
-        node.target = kernel
-        made, hits = made + 1, hits + hit
-        if device.type == "cuda" and not interpret:
-            cuda_kernels.append((kernel.at(group.decisions.binding) if symbolic else kernel,
-                                 [v.dtype for v in arguments[0] + arguments[1]]))
-    if made:
-        context.note(f"{made} Triton kernel(s) in {kernel_dir(directory, persistent=persistent)} ({hits} cache hit(s))"
-                     + (" run by the Triton interpreter" if interpret else ""))
-        graph.recompile()
-    if cuda_kernels and compile_workers:
-        compiled, seconds = precompile(cuda_kernels, compile_workers)
-        if compiled:
-            context.note(f"{compiled} distinct Triton kernel binaries compiled by {compile_workers} thread(s) "
-                         f"in {seconds:.2f} s before the first launch")
-    return graph
+        self.made, self.hits = self.made + 1, self.hits + hit
+        if on_gpu:
+            self.cuda_kernels.append((kernel.at(group.decisions.binding) if symbolic else kernel,
+                                      [v.dtype for v in arguments[0] + arguments[1]]))
+        return kernel
 
 
 def _other_launch_shapes(nest: Any, generated: TritonSource, emulate_precision: bool, directory: Any,

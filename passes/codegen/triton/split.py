@@ -1,4 +1,4 @@
-"""Split reductions: a reduction over a strided axis with few outputs runs in two kernels.
+"""Split reductions: a reduction with few programs for its rows runs in two kernels.
 
 A backward's bias and norm-weight gradients are column sums: 4096 rows reduced to 768 values.
 The one-kernel shape (blocks.choose_blocks) gives each program a few columns and every
@@ -7,7 +7,8 @@ row: those kernels stayed far from copy bandwidth, slower than ATen's ``sum``
 (benchmarks/results/gpu-2026-11-29-e.md, gpu-2026-11-30-a.md).
 
 Split, the rows are cut into ``count`` chunks:
-- the *partial* kernel runs one program per (64 columns, chunk): it computes the group's
+- the *partial* kernel runs one program per (64 columns, chunk), or per chunk of one contiguous
+  row: it computes the group's
   full-level nodes over its chunk and stores each reduction's partial result, unrounded, in its
   working type (fp32 for half types), into a ``[count, outer]`` workspace;
 - the *combine* kernel runs one program per 64 columns: it reduces the ``count`` partials of
@@ -15,11 +16,15 @@ Split, the rows are cut into ``count`` chunks:
   outer-level nodes) and outputs, as the one-kernel version does after its loop.
 
 Only groups that allow it are split: every reduction a float sum, amax or amin (their partial
-results combine with the same operator), all over one strided axis in one pass, no full-level
-output, at least ``MIN_ROWS`` reduced elements, and the one-kernel shape either launches fewer
-than ``MIN_PROGRAMS`` programs or got them by narrowing each program's columns below
-``OUTER_XBLOCK`` (8 bf16 columns read 16 bytes per row, too little for GPT-2's 3072- and
-2304-column bias gradients: benchmarks/results/gpu-2026-11-30-a.md). :class:`SplitKernel`
+results combine with the same operator), all in one pass, no full-level output (a group with
+either runs staged, passes/codegen/triton/stages.py), and few programs for its rows
+(:func:`few_programs`): over a strided axis, at least ``MIN_ROWS`` reduced elements and a
+one-kernel shape that either launches fewer than ``MIN_PROGRAMS`` programs or got them by
+narrowing each program's columns below ``OUTER_XBLOCK`` (8 bf16 columns read 16 bytes per row,
+too little for GPT-2's 3072- and 2304-column bias gradients:
+benchmarks/results/gpu-2026-11-30-a.md); over the contiguous axis (a batch norm's N x H x W per
+channel in NCHW, a group norm's rows), fewer than ``MIN_PROGRAMS`` rows of at least
+``MIN_LONG_ROW`` elements, each chunk then one program's ``LONG_ROW_RBLOCK``-element steps. :class:`SplitKernel`
 launches the two (allocating the workspaces from PyTorch's caching allocator) and is what the
 graph calls.
 """
@@ -37,13 +42,16 @@ from passes.kernel_ir.loops import LoopNest, closure
 
 from .ops import accumulator_init, accumulator_update, reduce_tile, work_type
 from .runtime import TritonKernel, load_module, write_source
-from .blocks import MIN_PROGRAMS, OUTER_XBLOCK, Blocks, choose_blocks, next_pow2, reduces_contiguous_axis
+from .blocks import (LOOPED_WARP_ELEMENTS, MIN_PROGRAMS, OUTER_XBLOCK, WARP_ELEMENTS, Blocks, choose_blocks, next_pow2,
+                     reduces_contiguous_axis)
 from .source import TritonWriter, kernel_source
 
 SPLIT_OPS = ("aten.sum", "prims.sum", "aten.amax", "aten.amin")
 MIN_ROWS = 1024              # reduced elements below which one kernel is enough
 TARGET_PROGRAMS = 528        # partial programs aimed for: four per H200 SM
 PARTIAL_RBLOCK = 64          # rows per loop step of a partial program (64 x 64 tiles)
+MIN_LONG_ROW = 16384         # contiguous rows shorter than this stay one program each
+LONG_ROW_RBLOCK = 2048       # elements per loop step of a partial program over a contiguous row
 COMBINE_XBLOCK = 32          # columns per combine program
 WORKSPACE_TYPES = {"tl.float32": (torch.float32, "*fp32"), "tl.float64": (torch.float64, "*fp64")}
 
@@ -64,29 +72,56 @@ def _reductions(nest: LoopNest) -> list:
     return [n for n in nest.nodes if packet_name(n.target) in REDUCTIONS]
 
 
+def _splittable(nest: LoopNest) -> bool:
+    """Whether every reduction of ``nest`` combines partial results (a float sum, amax or amin) and
+    the nest has fixed sizes and no pitched rows."""
+    reductions = _reductions(nest)
+    placeholders = [n for n in nest.group.subgraph.graph.nodes if n.op == "placeholder"]
+    return bool(reductions) and bool(placeholders) and getattr(nest, "pitch", None) is None \
+        and nest.decisions is None and all(packet_name(r.target) in SPLIT_OPS and work_type(r) in WORKSPACE_TYPES
+                                           for r in reductions)
+
+
+def few_programs(nest: LoopNest) -> bool:
+    """Whether one kernel of ``nest`` would launch too few programs for its rows: over a strided
+    axis, at least ``MIN_ROWS`` reduced elements and fewer than ``MIN_PROGRAMS`` programs (or
+    programs narrowed below ``OUTER_XBLOCK`` columns); over the contiguous axis, fewer than
+    ``MIN_PROGRAMS`` rows of at least ``MIN_LONG_ROW`` elements (one program loops over each)."""
+    outer = math.prod(nest.sizes[a] for a in nest.outer_axes)
+    rows = math.prod(nest.sizes[a] for a in nest.reduced)
+    if reduces_contiguous_axis(nest):
+        return outer < MIN_PROGRAMS and rows >= MIN_LONG_ROW
+    single = choose_blocks(nest)
+    return rows >= MIN_ROWS and not (single.grid >= MIN_PROGRAMS and single.xblock >= OUTER_XBLOCK)
+
+
+def wants_stages(nest: LoopNest) -> bool:
+    """Whether ``nest`` should run staged (passes/codegen/triton/stages.py): a splittable nest with
+    few programs that needs several passes or writes full-level outputs. (Rows in ATen's statistics
+    order, blocks.aten_statistics, are contiguous and at most PERSISTENT_MAX long: never these.)"""
+    full_outputs = any(nest.level[node] == "full" for node, _ in nest.outputs)
+    return (nest.passes > 1 or full_outputs) and _splittable(nest) and few_programs(nest)
+
+
 def split_plan(nest: LoopNest) -> SplitPlan | None:
     """The plan for splitting ``nest``, or None when one kernel is the right shape (see the
     module docstring for the conditions)."""
-    reductions = _reductions(nest)
-    placeholders = [n for n in nest.group.subgraph.graph.nodes if n.op == "placeholder"]
-    if not reductions or not placeholders or getattr(nest, "pitch", None) is not None or reduces_contiguous_axis(nest) or nest.passes != 1:
+    if not _splittable(nest) or nest.passes != 1 or any(nest.level[node] == "full" for node, _ in nest.outputs):
         return None
-    if any(packet_name(r.target) not in SPLIT_OPS or work_type(r) not in WORKSPACE_TYPES for r in reductions):
-        return None
-    if any(nest.level[node] == "full" for node, _ in nest.outputs):
-        return None
+    if not few_programs(nest):
+        return None     # one kernel already has enough programs, each reading whole row segments
     outer = math.prod(nest.sizes[a] for a in nest.outer_axes)
     rows = math.prod(nest.sizes[a] for a in nest.reduced)
-    single = choose_blocks(nest)
-    if rows < MIN_ROWS or (single.grid >= MIN_PROGRAMS and single.xblock >= OUTER_XBLOCK):
-        return None     # one kernel already has enough programs, each reading whole row segments
-    xblock = min(OUTER_XBLOCK, next_pow2(outer))
+    if reduces_contiguous_axis(nest):   # a program per chunk of one row
+        xblock, step, per_warp = 1, LONG_ROW_RBLOCK, LOOPED_WARP_ELEMENTS
+    else:
+        xblock, step, per_warp = min(OUTER_XBLOCK, next_pow2(outer)), PARTIAL_RBLOCK, WARP_ELEMENTS
     columns = -(-outer // xblock)
-    count = max(2, min(-(-TARGET_PROGRAMS // columns), rows // PARTIAL_RBLOCK))
-    chunk = -(-rows // (count * PARTIAL_RBLOCK)) * PARTIAL_RBLOCK
+    count = max(2, min(-(-TARGET_PROGRAMS // columns), rows // step))
+    chunk = -(-rows // (count * step)) * step
     count = -(-rows // chunk)
-    rblock = min(PARTIAL_RBLOCK, chunk)
-    warps = max(2, min(8, xblock * rblock // 1024))
+    rblock = min(step, chunk)
+    warps = max(2, min(8, xblock * rblock // per_warp))
     sblock = next_pow2(count)
     cx = min(COMBINE_XBLOCK, next_pow2(outer))
     return SplitPlan(count=count, chunk=chunk, outer=outer, columns=columns,
@@ -134,6 +169,9 @@ class PartialWriter(_StageWriter):
         self.emit(1, "rbase = tl.arange(0, RBLOCK)[None, :]")
         mark = len(self.lines)
         full_nodes = [n for n in nest.nodes if nest.level[n] == "full"]
+        for node in nest.nodes:     # outer values of the group's inputs (a channel's mean, weight)
+            if nest.level[node] == "outer" and nest.pass_of[node] == 0 and node not in self.reductions:
+                self.compute(1, node, "outer")
         for r in self.reductions:
             for line in accumulator_init(r):
                 self.emit(1, line)
