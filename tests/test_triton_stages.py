@@ -126,6 +126,25 @@ def test_short_rows_and_split_reductions_off_stay_one_kernel():
     assert KERNELS and not staged()
 
 
+def test_staged_kernels_compile_for_sm90():
+    """Each stage of a channels-last batch norm's forward (partial and combine kernels of both
+    statistics, the pointwise output) compiles to PTX and a cubin for the H200, no GPU needed."""
+    from passes.codegen.triton.runtime import compile_all_for_sm90
+
+    def batch_norm(t, w, b):
+        mean = t.mean((0, 2, 3), keepdim=True)
+        var = ((t - mean) ** 2).mean((0, 2, 3), keepdim=True)
+        return torch.relu((t - mean) * torch.rsqrt(var + 1e-5) * w + b)
+
+    x = torch.randn(16, 8, 32, 32).contiguous(memory_format=torch.channels_last)
+    run(batch_norm, x, torch.randn(8, 1, 1), torch.randn(8, 1, 1))
+    [kernel] = staged()
+    stages = [k for stage in kernel.kernels for k in ((stage.partial, stage.combine) if hasattr(stage, "partial")
+                                                      else (stage,))]
+    results = compile_all_for_sm90(stages)
+    assert len(results) == 5 and all(r["ptx_bytes"] > 0 and r["cubin_bytes"] > 0 for r in results)
+
+
 def test_a_staged_kernel_comes_back_from_the_compile_cache(tmp_path, monkeypatch):
     from passes.codegen.triton.stages import StagedKernel
     monkeypatch.delenv("PIPELINE_CACHE_GRAPHS", raising=False)
