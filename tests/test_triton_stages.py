@@ -167,16 +167,19 @@ def test_a_staged_kernel_comes_back_from_the_compile_cache(tmp_path, monkeypatch
 
 @settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(contiguous=st.booleans(), length=st.integers(0, 600), width=st.integers(2, 40),
-       which=st.sampled_from(["norm", "softmax", "center", "range"]), scale=st.booleans())
-def test_staged_reductions_match_eager(contiguous, length, width, which, scale):
+       which=st.sampled_from(["norm", "softmax", "center", "range"]), scale=st.booleans(),
+       dtype=st.sampled_from([torch.float32, torch.float16]))
+def test_staged_reductions_match_eager(contiguous, length, width, which, scale, dtype):
     """Random multi-pass reductions with full-level outputs over few long contiguous rows or
-    many rows of a few strided columns, with or without a broadcast weight after them."""
+    many rows of a few strided columns, with or without a broadcast weight after them, in
+    float32 or float16 (the outer values between stages are stored in the graph's dtype; not
+    bfloat16: the interpreter's conversions to it do not round to nearest)."""
     torch._dynamo.reset()
     KERNELS.clear()
     dim = -1 if contiguous else 0
     shape = (width % 5 + 1, 16384 + length * 7) if contiguous else (1024 + length, width)
-    x = torch.randn(*shape)
-    w = torch.randn(shape[0], 1) if contiguous else torch.randn(width)
+    x = torch.randn(*shape).to(dtype)
+    w = (torch.randn(shape[0], 1) if contiguous else torch.randn(width)).to(dtype)
 
     def f(t, weight):
         if which == "norm":
