@@ -74,12 +74,11 @@ def _reductions(nest: LoopNest) -> list:
 
 def _splittable(nest: LoopNest) -> bool:
     """Whether every reduction of ``nest`` combines partial results (a float sum, amax or amin) and
-    the nest has fixed sizes and no pitched rows."""
+    the nest has no pitched rows."""
     reductions = _reductions(nest)
     placeholders = [n for n in nest.group.subgraph.graph.nodes if n.op == "placeholder"]
     return bool(reductions) and bool(placeholders) and getattr(nest, "pitch", None) is None \
-        and nest.decisions is None and all(packet_name(r.target) in SPLIT_OPS and work_type(r) in WORKSPACE_TYPES
-                                           for r in reductions)
+        and all(packet_name(r.target) in SPLIT_OPS and work_type(r) in WORKSPACE_TYPES for r in reductions)
 
 
 def few_programs(nest: LoopNest) -> bool:
@@ -89,8 +88,8 @@ def few_programs(nest: LoopNest) -> bool:
     ``MIN_PROGRAMS`` rows of at least ``MIN_LONG_ROW`` elements (one program loops over each)."""
     outer = math.prod(nest.sizes[a] for a in nest.outer_axes)
     rows = math.prod(nest.sizes[a] for a in nest.reduced)
-    if reduces_contiguous_axis(nest):
-        return outer < MIN_PROGRAMS and rows >= MIN_LONG_ROW
+    if reduces_contiguous_axis(nest):       # not with symbolic sizes: no decision taken about them
+        return nest.decisions is None and outer < MIN_PROGRAMS and rows >= MIN_LONG_ROW
     single = choose_blocks(nest)
     return rows >= MIN_ROWS and not (single.grid >= MIN_PROGRAMS and single.xblock >= OUTER_XBLOCK)
 
@@ -98,9 +97,11 @@ def few_programs(nest: LoopNest) -> bool:
 def wants_stages(nest: LoopNest) -> bool:
     """Whether ``nest`` should run staged (passes/codegen/triton/stages.py): a splittable nest with
     few programs that needs several passes or writes full-level outputs. (Rows in ATen's statistics
-    order, blocks.aten_statistics, are contiguous and at most PERSISTENT_MAX long: never these.)"""
+    order, blocks.aten_statistics, are contiguous and at most PERSISTENT_MAX long: never these.)
+    A nest with symbolic sizes stays one size-class kernel (no decision is taken about its sizes)."""
     full_outputs = any(nest.level[node] == "full" for node, _ in nest.outputs)
-    return (nest.passes > 1 or full_outputs) and _splittable(nest) and few_programs(nest)
+    return nest.decisions is None and (nest.passes > 1 or full_outputs) and _splittable(nest) \
+        and few_programs(nest)
 
 
 def split_plan(nest: LoopNest) -> SplitPlan | None:
