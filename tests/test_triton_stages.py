@@ -109,6 +109,19 @@ def test_softmax_over_few_long_rows_runs_staged():
     assert stage_kinds(kernel) == ["SplitKernel", "SplitKernel", "TritonKernel"]
 
 
+def test_a_full_level_output_that_a_reduction_reads_is_recomputed_by_its_stage():
+    """A residual block's batch norm backward: the ReLU-masked sum of two gradients is an output
+    (it flows on to the shortcut) and what the per-channel sums reduce."""
+    def backward(g1, g2, x, mean, w):
+        g = torch.where(x > 0, g1 + g2, 0.0)
+        return g, g.sum(0), ((x - mean) * g).sum(0) * w, g * w - (x - mean) * g.sum(0) / x.shape[0]
+
+    args = [torch.randn(2048, 24) for _ in range(3)] + [torch.randn(24), torch.randn(24)]
+    run(backward, *args)
+    [kernel] = staged()
+    assert stage_kinds(kernel) == ["SplitKernel", "TritonKernel"]
+
+
 def test_a_long_row_sum_splits_into_chunks_of_the_row():
     from passes.codegen.triton.split import SplitKernel
     run(lambda t: (t * 2).sum(-1), torch.randn(5, 17000))
@@ -167,7 +180,7 @@ def test_a_staged_kernel_comes_back_from_the_compile_cache(tmp_path, monkeypatch
 
 @settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(contiguous=st.booleans(), length=st.integers(0, 600), width=st.integers(2, 40),
-       which=st.sampled_from(["norm", "softmax", "center", "range"]), scale=st.booleans(),
+       which=st.sampled_from(["norm", "softmax", "center", "range", "shared"]), scale=st.booleans(),
        dtype=st.sampled_from([torch.float32, torch.float16]))
 def test_staged_reductions_match_eager(contiguous, length, width, which, scale, dtype):
     """Random multi-pass reductions with full-level outputs over few long contiguous rows or
@@ -188,6 +201,9 @@ def test_staged_reductions_match_eager(contiguous, length, width, which, scale, 
             out = torch.softmax(t, dim)
         elif which == "center":
             out = t - t.sum(dim, keepdim=True) / t.shape[dim]
+        elif which == "shared":         # a full-level output that the reduction reads too
+            shared = torch.relu(t) * 2
+            return shared, shared - shared.mean(dim, keepdim=True) * weight
         else:
             low, high = t.amin(dim, keepdim=True), t.amax(dim, keepdim=True)
             out = (t - low) / (high - low)

@@ -58,11 +58,9 @@ def stage_groups(group: FusedGroup, nest: LoopNest) -> tuple[list[Stage], tuple]
     last = max(owner.values(), default=0) + 1          # the pointwise stage
     if any(o.op == "placeholder" for o in outputs):
         raise UnsupportedGroup("an output of the group is one of its inputs")
-    for o in outputs:
-        owner.setdefault(o, last)
     roots: dict = {}
-    for o in outputs:
-        roots.setdefault(owner[o], []).append(o)
+    for o in outputs:       # a full-level output may also feed a reduction: computed where needed
+        roots.setdefault(owner.get(o, last), []).append(o)
     members: dict = {}
     inputs: dict = {}
     for stage in range(last, 0, -1):        # later stages first: they say what earlier ones export
@@ -94,7 +92,8 @@ def stage_groups(group: FusedGroup, nest: LoopNest) -> tuple[list[Stage], tuple]
     def source(node: torch.fx.Node) -> Source:
         if node.op == "placeholder":
             return ("in", placeholders.index(node))
-        return ("stage", index[owner[node]], exported[owner[node]].index(node))
+        stage = owner.get(node, last)
+        return ("stage", index[stage], exported[stage].index(node))
 
     stages = []
     for s in order:
