@@ -46,7 +46,8 @@ class Stage:
 
 def stage_groups(group: FusedGroup, nest: LoopNest) -> tuple[list[Stage], tuple]:
     """The stages of ``group`` (see the module docstring) and, per output of the group, its
-    source. Raises :class:`UnsupportedGroup` when an output is an input of the group."""
+    source. Raises :class:`UnsupportedGroup` when an output is an input of the group or a stage
+    would need a value of a later one."""
     graph = group.subgraph.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     outputs = list(next(n for n in graph.nodes if n.op == "output").args[0])
