@@ -73,8 +73,9 @@ def test_training_batch_norm_runs_staged_and_matches_eager(monkeypatch, layout):
     """Forward: mean, variance, then the normalized ReLU output (two split stages and a pointwise
     one); backward: the two per-channel sums, then the input gradient; each channel's elements
     contiguous (NCHW: chunks of its rows) or strided (channels-last, as the zoo's CUDA convnets).
-    Outputs, gradients and running statistics match eager. (The convolution has no bias, as before a batch norm: its
-    gradient would be a sum of values that cancel to zero, noise in any summation order.)"""
+    Outputs, gradients and running statistics match eager. (The convolution has no bias, as
+    before a batch norm: its gradient would be a sum of values that cancel to zero, noise in any
+    summation order.)"""
     monkeypatch.setenv("PIPELINE_CACHE_GRAPHS", "0")
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8), torch.nn.ReLU())
     model = model.to(memory_format=layout)
