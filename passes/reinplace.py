@@ -17,6 +17,10 @@ that replaces it: the innermost functional write becomes its in-place form on a 
 ``slice_scatter`` nodes disappear (their value *is* the input now), a scatter whose source was not
 computed in place becomes a ``copy_`` into just the view it covers, and the write-back goes away.
 
+An operator that returns new values of some of its arguments (a training batch norm's running
+statistics) and whose in-place form writes them into those arguments is called in its in-place form
+when each new value is only copied back into its argument.
+
 Separately, a functional write whose input is a buffer allocated just for it (``index_put`` of
 ``zeros``: the embedding gradient) is done in place, skipping the copy of the whole buffer.
 
@@ -27,6 +31,7 @@ reads of an input across writes of it, which is why it invalidates ``functional`
 """
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import attrs
@@ -49,6 +54,11 @@ _IN_PLACE = {
     aten.scatter.value: aten.scatter_.value,
     aten.copy.default: aten.copy_.default,
 }
+# Functional operators returning new values of some arguments, and their in-place twins, which
+# write those values into the arguments and return the other results: (twin, {result: argument}).
+_FUNCTIONAL_TWINS = {
+    aten._native_batch_norm_legit_functional.default: (aten._native_batch_norm_legit.default, {3: 3, 4: 4}),
+}
 # Functional writes of a whole view: (view operator, default arguments after the base).
 _VIEW_SCATTERS = {
     aten.select_scatter.default: (aten.select.int, ()),
@@ -70,12 +80,16 @@ class Reinplace(Pass):
 
     name = "reinplace"
     Options = NoOptions
-    version = "2"
+    version = "3"
     requires = frozenset({"aten"})
     invalidates = frozenset({"functional"})
     uses_fuel = True
 
     def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
+        twins = _call_in_place_twins(graph.graph, context)
+        if twins:
+            context.note(f"{twins} operator(s) write their new argument values in place (their in-place "
+                         "form), without write-back copies")
         done = 0
         for writeback in [n for n in graph.graph.nodes if _is_writeback(n)]:
             root = writeback.args[0]
@@ -122,6 +136,58 @@ def _write_fresh_buffers_in_place(graph: torch.fx.Graph, use_fuel) -> int:
             node.target = _IN_PLACE[node.target]
             done += 1
     return done
+
+
+def _call_in_place_twins(graph: torch.fx.Graph, context: PassContext) -> int:
+    """A functional operator of :data:`_FUNCTIONAL_TWINS` whose every new argument value is only
+    copied back into that argument (a graph input no one reads after the operator) becomes its
+    in-place form, and the copies go: a batch norm in training updates its running statistics
+    itself, as in eager, instead of returning them for two more copies."""
+    done = 0
+    nodes = list(graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
+    for node in nodes:
+        twin = _FUNCTIONAL_TWINS.get(node.target) if node.op == "call_function" else None
+        if twin is None:
+            continue
+        in_place, written = twin
+        results = {u.args[1]: u for u in node.users if u.target is operator.getitem}
+        writebacks = []
+        for result, position in written.items():
+            value, target = results.get(result), node.args[position] if position < len(node.args) else None
+            if value is None or len(value.users) != 1 or not isinstance(target, torch.fx.Node):
+                break
+            copies = _copies_back(value, target)
+            if copies is None or target in node.args[:position] or target in node.args[position + 1:] \
+                    or any(order[r] > order[node] and r not in copies for r in _aliases(target)):
+                break
+            writebacks.append([*reversed(copies), value])
+        else:
+            if not context.use_fuel(f"call {node.name} in place"):
+                continue
+            for chain in writebacks:
+                for erased in chain:
+                    graph.erase_node(erased)
+            node.target = in_place
+            if isinstance(node.meta.get("val"), (tuple, list)):
+                node.meta["val"] = tuple(node.meta["val"][:len(in_place._schema.returns)])
+            done += 1
+    return done
+
+
+def _copies_back(value: torch.fx.Node, target: torch.fx.Node) -> list | None:
+    """The nodes that only copy ``value`` back into the graph input ``target`` (the write-back
+    ``copy_``, after functionalization's ``copy`` into a new version of it), or None."""
+    if len(value.users) != 1:
+        return None
+    (user,) = value.users
+    if user.op == "call_function" and user.target is aten.copy.default and user.args[:2] == (target, value) \
+            and len(user.users) == 1:
+        rest = _copies_back(user, target)
+        return None if rest is None else [user, *rest]
+    if _is_writeback(user) and user.args[0] is target and user.args[1] is value and not user.users:
+        return [user]
+    return None
 
 
 def _is_writeback(node: torch.fx.Node) -> bool:

@@ -117,3 +117,70 @@ def test_an_index_put_into_a_fresh_zero_buffer_writes_it_in_place():
     assert "index_add_" in code and "index_put" not in code
     notes = [n["message"] for r in compilation_of(compiled).graphs for n in r.notes if n["pass"] == "reinplace"]
     assert any("1 write(s) into a buffer made just for them" in n for n in notes), notes
+
+
+class _ReadsStatsAfter(torch.nn.Module):
+    """A batch norm whose new running mean the forward also reads: the functional form stays."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        return self.bn(self.conv(x)).relu() + self.bn.running_mean.view(1, -1, 1, 1)
+
+
+_ATEN_BATCH_NORM = {"keep_on": {"cpu": ["aten._native_batch_norm_legit_functional", "aten.native_batch_norm_backward"]}}
+
+
+@pytest.mark.parametrize("reads_stats", [False, True])
+def test_a_training_batch_norm_updates_its_running_statistics_in_place(reads_stats):
+    """ATen's batch norm (as CUDA plans keep it) runs in its in-place form: no copies of the
+    running statistics, num_batches_tracked's increment written into the buffer, the backward
+    not handed the running statistics; statistics, gradients and outputs as in eager over steps."""
+    import copy
+    torch.manual_seed(0)
+    model = _ReadsStatsAfter() if reads_stats else torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU())
+    reference = copy.deepcopy(model)
+    compiled = compile_with_plan(model, {"extends": "training", "options": {
+        "decompose": _ATEN_BATCH_NORM, "capture": {"fullgraph": True}}})
+    for size in (4, 4, 6):
+        x = torch.randn(size, 3, 12, 12)
+        out, expected = compiled(x), reference(x)
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+        weight = torch.randn_like(out)
+        (out * weight).sum().backward()
+        (expected * weight).sum().backward()
+    for (name, value), expected in zip(model.state_dict().items(), reference.state_dict().values()):
+        torch.testing.assert_close(value, expected, rtol=1e-5, atol=1e-5, msg=name)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+    graphs = {r.role: r.final_code for r in compilation_of(compiled).graphs if r.final_code}
+    forward, backward = graphs["forward"], graphs["backward"]
+    if reads_stats:
+        assert "_native_batch_norm_legit_functional_default(" in forward
+        return
+    assert "aten__native_batch_norm_legit_default(" in forward and "functional_default(" not in forward
+    copies = [line for line in forward.splitlines() if "aten_copy__default(" in line]
+    assert len(copies) == 2         # num_batches_tracked's write-backs, made no-ops by the donors below
+    # Both increments are one kernel (small independent domains merge), writing into the buffers.
+    assert any("# donors=(0, 1)" in line and line.count("arg") == 2 for line in forward.splitlines())
+    assert "None, None," in backward and "native_batch_norm_backward" in backward
+
+
+def test_dce_passes_none_for_the_running_statistics_of_a_training_batch_norm_backward():
+    from passes.dce import _drop_ignored_operands
+    aten = torch.ops.aten
+    graph = torch.fx.Graph()
+    names = ["grad", "x", "w", "rm", "rv", "mean", "rstd"]
+    g, x, w, rm, rv, mean, rstd = [graph.placeholder(n) for n in names]
+    train = graph.call_function(aten.native_batch_norm_backward.default,
+                                (g, x, w, rm, rv, mean, rstd, True, 1e-5, [True, True, True]))
+    evaluation = graph.call_function(aten.native_batch_norm_backward.default,
+                                     (g, x, w, rm, rv, mean, rstd, False, 1e-5, [True, True, True]))
+    graph.output((train, evaluation))
+    assert _drop_ignored_operands(graph) == 2
+    assert train.args[3:5] == (None, None) and evaluation.args[3:5] == (rm, rv)

@@ -369,24 +369,53 @@ def _donors(node: torch.fx.Node, last_use: dict, order: dict, roots: dict, alias
         return None
     args = list(node.args)
     aliased_here = {roots[a] for a in args if isinstance(a, torch.fx.Node) and a in roots}
+    written_back = _written_back(node, order, aliased_here, alias_end)
     donors, taken = [], set()
-    for value in values:
+    for k, value in enumerate(values):
         pick = -1
         if isinstance(value, torch.Tensor) and compat.same_sizes(value.shape, kernel.group.domain):
-            for i, arg in enumerate(args):
+            if k in written_back and _same_layout(meta_of(args[written_back[k]]), value):
+                pick = written_back[k]
+                taken.add(pick)
+            for i, arg in enumerate(args if pick < 0 else ()):
                 if i in taken or not isinstance(arg, torch.fx.Node) or last_use.get(arg) is not node:
                     continue
                 if args.count(arg) > 1 or arg in aliased_here or alias_end.get(arg, -1) >= order[node]:
                     continue
-                held = meta_of(arg)
-                if (isinstance(held, torch.Tensor) and compat.same_sizes(held.shape, value.shape)
-                        and compat.same_sizes(held.stride(), value.stride()) and held.dtype == value.dtype
-                        and held.device == value.device and _owns_storage(arg)):
+                if _same_layout(meta_of(arg), value) and _owns_storage(arg):
                     pick = i
                     taken.add(i)
                     break
         donors.append(pick)
     return tuple(donors) if any(d >= 0 for d in donors) else None
+
+
+def _same_layout(held: Any, value: torch.Tensor) -> bool:
+    return (isinstance(held, torch.Tensor) and compat.same_sizes(held.shape, value.shape)
+            and compat.same_sizes(held.stride(), value.stride()) and held.dtype == value.dtype
+            and held.device == value.device)
+
+
+def _written_back(node: torch.fx.Node, order: dict, aliased_here: set, alias_end: dict) -> dict:
+    """{output index: argument position} for outputs of the kernel call ``node`` whose only use is
+    the write-back ``copy_`` of a graph input that the kernel reads, once, with nothing reading
+    the input or an alias of it between the kernel and the copy. Written into that input (a donor),
+    the output makes the copy a no-op (``copy_`` of a tensor into itself returns at once; a kernel
+    that allocates anyway, falling back to eager, still gets its output copied)."""
+    args = list(node.args)
+    picks = {}
+    for value in node.users:
+        if value.target is not operator.getitem or len(value.users) != 1:
+            continue
+        (copy,) = value.users
+        graph_input = copy.args[0] if copy.target is aten.copy_.default and copy.args[1] is value else None
+        if not isinstance(graph_input, torch.fx.Node) or graph_input.op != "placeholder" or copy.users \
+                or args.count(graph_input) != 1 or graph_input in aliased_here \
+                or alias_end.get(graph_input, -1) >= order[node] \
+                or any(order[node] < order[u] and u is not copy for u in graph_input.users):
+            continue
+        picks[value.args[1]] = args.index(graph_input)
+    return picks
 
 
 def _kernel_kwargs(node: torch.fx.Node, last_use: dict, order: dict, roots: dict, alias_end: dict) -> dict:
