@@ -696,3 +696,53 @@ def test_pointwise_siblings_reading_one_input_are_one_kernel():
     for got, want in zip(compiled(s), two_histograms(s)):
         assert compare(want, got) is None
     assert compilation_of(compiled).graphs[0].kernels == 1
+
+
+def test_independent_pointwise_groups_over_a_small_domain_are_one_kernel():
+    """Scalar updates that read nothing in common (each batch norm's num_batches_tracked + 1)
+    merge into one kernel; large independent ones stay apart (a longer lifetime would cost memory)."""
+    def updates(a, b, c, x, y):
+        return a + 1, b * 2, c - 3, x.sin(), y.cos()
+
+    args = (torch.tensor(3), torch.tensor(4.0), torch.randn(8), torch.randn(64, 64), torch.randn(64, 64))
+    record = compiled_record(updates, *args)
+    calls = [line for line in record.final_code.splitlines() if "cpp_fused" in line]
+    assert len(calls) == 4, record.final_code       # a+1 with b*2 (scalars); c, x, y apart
+    assert any(line.count("arg") == 2 for line in calls), record.final_code
+
+
+def test_elementwise_work_read_through_a_regrouping_view_joins_the_reduction():
+    """A value computed elementwise (with a broadcast operand) that reductions read through a
+    ``[N, C, H, W] -> [N, C, H*W]`` view and another consumer reads through a third shape: the
+    work moves into the reductions' shape and is one kernel with them (a group norm's backward)."""
+    def grads(x, g, w):
+        y = g * (x * w.view(1, -1, 1, 1)).sigmoid()
+        return y.view(2, 64, 64).sum(-1), (y * x).view(2, 64, 64).sum(-1), y.view(2, 8, 8, 64) * 2
+
+    record = compiled_record(grads, torch.randn(2, 64, 8, 8), torch.randn(2, 64, 8, 8), torch.randn(64))
+    assert record.final_code.count("cpp_fused") == 1, record.final_code
+
+
+@settings(max_examples=25, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(st.integers(1, 3), st.integers(1, 4), st.integers(1, 4), st.integers(1, 4), st.integers(1, 5),
+       st.sampled_from(["channel", "full", "scalar", "group"]), st.sampled_from(["old", "other-view", "none"]))
+def test_moving_work_across_regrouping_views_preserves_semantics(n, groups, per_group, h, w, operand, other):
+    """Random group-norm-like shapes: an elementwise chain with an operand broadcast per channel,
+    per group or not at all, reduced through a regrouping view, and maybe read again in its own
+    shape or through another view; compiled results match eager."""
+    channels = groups * per_group
+    x = torch.randn(n, channels, h, w)
+    b = {"channel": torch.randn(channels, 1, 1), "full": torch.randn(n, channels, h, w),
+         "scalar": torch.randn(()), "group": torch.randn(n, channels, 1, 1)}[operand]
+
+    def fn(x, b):
+        y = (x * b + 1).tanh() * x
+        outs = [y.view(n, groups, per_group * h * w).sum(-1), (y * 3).view(n, channels, h * w).amax(-1)]
+        if other == "old":
+            outs.append(y.relu())
+        elif other == "other-view":
+            outs.append(y.view(n, channels * h, w) - 1)
+        return tuple(outs)
+
+    torch._dynamo.reset()
+    compiled_record(fn, x, b)

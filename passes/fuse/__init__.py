@@ -17,6 +17,7 @@ value through the reshape's layout (a batch norm's per-channel parameters, viewe
 """
 from __future__ import annotations
 
+import math
 import operator
 
 import attrs
@@ -49,6 +50,11 @@ def _cat_limits(limits: dict) -> str | None:
         return bad
     wrong = {k: v for k, v in (limits or {}).items() if not isinstance(v, int) or isinstance(v, bool) or v < 0}
     return f"limits must be integers of 0 or more, got {wrong}" if wrong else None
+
+
+#: Pointwise groups over a domain of at most this many elements merge even when they read nothing
+#: in common (see Fuse._merge_pointwise_siblings).
+SMALL_DOMAIN = 1024
 
 
 @attrs.frozen
@@ -109,7 +115,7 @@ class Fuse(Pass):
 
     name = "fuse"
     Options = FuseOptions
-    version = "30"
+    version = "31"
     cache_material = rules.cache_material   # rules a plugin adds or replaces change the output
     requires = frozenset({"functional", "aten"})
     provides = frozenset({"fused"})
@@ -285,12 +291,19 @@ class Fuse(Pass):
         """Merge each pointwise group into an earlier pointwise group over the same domain that reads
         one of the same inputs, where legal (:func:`independent_merge_problem`) and wanted
         (``choices.merge_independent``): one launch reads the shared input once for both (a sorted
-        index converted for a histogram and compared for a mask)."""
-        readers: dict = {}      # outside input -> pointwise groups reading it, in formation order
+        index converted for a histogram and compared for a mask). Groups over the same domain of at
+        most :data:`SMALL_DOMAIN` elements that read only graph inputs merge whatever they read
+        (each batch norm's ``num_batches_tracked + 1`` in a training step: one launch for all):
+        their launches cost more than their work, their buffers are too small for a longer
+        lifetime to matter, and, ready from the start, none waits for another's inputs."""
+        readers: dict = {}      # outside input (or a small domain) -> pointwise groups, in formation order
         for group in groups:
             if not group.nodes or group.reduced or sources_only(group):
                 continue
-            inputs = [a for a in outside_inputs(group) if isinstance(meta_of(a), torch.Tensor)]
+            inputs: list = [a for a in outside_inputs(group) if isinstance(meta_of(a), torch.Tensor)]
+            if all(type(size) is int for size in group.domain) and math.prod(group.domain) <= SMALL_DOMAIN \
+                    and all(a.op in ("placeholder", "get_attr") for a in outside_inputs(group)):
+                inputs.append(("small domain", tuple(group.domain), group.device))
             target = None
             for arg in inputs:
                 for earlier in readers.get(arg, []):

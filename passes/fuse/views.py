@@ -23,6 +23,10 @@ example values), only to static shapes (a new view's shape is written into the g
 elementwise nodes with operands of one shape (or 0-d) are crossed.
 All hoists run first, then all sinks, so the two never undo each other.
 
+A regrouping view that a reduction reads also moves above elementwise work with other users or
+broadcast operands (:func:`_hoist_shared`): the work is computed in the reduction's shape, its
+broadcast operands viewed to match, and its other users read it viewed back (a free view).
+
 Permutes hoist too (:func:`hoist_permutes`): ``permute(f(a, b))`` becomes ``f(permute(a),
 permute(b'))`` when ``f``'s operands come from outside kernels (``b'`` a broadcast operand viewed
 to the result's rank), also after the re-trace that adds convolution biases apart, so a bias joins
@@ -41,6 +45,7 @@ from pipeline import compat
 from passes.kernel_ir.groups import end_padding, meta_of, packet_name
 from passes.kernel_ir.nodes import static_sizes
 
+from .canonicalize import FUSION_DECOMPOSITIONS
 from .legality import classify
 
 aten = torch.ops.aten
@@ -57,7 +62,7 @@ def move_views(graph: torch.fx.GraphModule) -> int:
     across elementwise nodes in ``graph`` (in place); returns how many nodes moved. New nodes
     carry example values derived from the old ones; the caller re-traces the graph for exact
     ones."""
-    return rewrite_in_rounds(graph, (_as_one_view, _hoist, _hoist_permute, _sink))
+    return rewrite_in_rounds(graph, (_as_one_view, _hoist, _hoist_shared, _hoist_permute, _sink))
 
 
 def hoist_permutes(graph: torch.fx.GraphModule) -> int:
@@ -268,6 +273,163 @@ def _hoist(graph: torch.fx.Graph, view: torch.fx.Node) -> int:
     graph.erase_node(view)
     graph.erase_node(source)
     return 1
+
+
+def _hoist_shared(graph: torch.fx.Graph, view: torch.fx.Node) -> int:
+    """``view(f(args))`` -> ``f'(view'(args))`` where a reduction over the view's shape reads it
+    (directly or through elementwise nodes of that shape), ``f`` is elementwise with operands of
+    its shape or broadcast to it, and the view regroups axes (each group of the old shape's axes is
+    one group of the new shape's, :func:`_axis_groups`): each broadcast operand is viewed to the
+    new shape's groups (size 1 where it broadcast). Unlike :func:`_hoist`, ``f`` may have other
+    users and its operands may be computed by kernels: the others read ``f'`` viewed back to the
+    old shape (a free view of the value the reduction's kernel then writes). A group norm's
+    per-group statistics read the convolution output plus its bias, or the SiLU gradient, through
+    a ``[N, C, H, W] -> [N, G, C/G, H*W]`` view: moved, that work joins the statistics' kernel
+    instead of being a kernel of its own that writes a full-size tensor for it. 1 if rewritten."""
+    if view.op != "call_function" or view.target not in VIEWS or view.meta.get("viewed_back"):
+        return 0
+    source = view.args[0]
+    if not isinstance(source, torch.fx.Node) or not _broadcast_elementwise(source):
+        return 0
+    old, new = list(meta_of(source).shape), list(meta_of(view).shape)
+    if not static_sizes(old) or not static_sizes(new) or old == new \
+            or not all(_kernel_kind(u) in ("pointwise", "reduction") for u in view.users) \
+            or not _reduction_reads(view, new):
+        return 0
+    groups = _axis_groups(old, new)
+    if groups is None:
+        return 0
+    operands = {}
+    for a in source.all_input_nodes:
+        value = meta_of(a)
+        if not isinstance(value, torch.Tensor) or not value.dim():
+            continue
+        shape = _regrouped(list(value.shape), old, new, groups)
+        if shape is None or not static_sizes(value.shape) or not _viewable(value, shape):
+            return 0
+        operands[a] = shape
+    if not operands:
+        return 0
+    with graph.inserting_before(source):
+        viewed = {a: _view_of(graph, a, shape) for a, shape in operands.items()}
+        moved = call_with_value(graph, source.target, *_remap(source, viewed))
+        if not _viewable(meta_of(moved), old):
+            for node in [moved, *viewed.values()]:
+                graph.erase_node(node)
+            return 0
+        back = call_with_value(graph, aten.view.default, (moved, old))
+        back.meta["viewed_back"] = True
+    view.replace_all_uses_with(moved)
+    graph.erase_node(view)
+    for user in list(source.users):
+        if user.target in VIEWS and static_sizes(meta_of(user).shape):
+            shape = list(meta_of(user).shape)     # a view of the old value: that view of the new one
+            if shape == new:
+                user.replace_all_uses_with(moved)
+                graph.erase_node(user)
+            else:
+                user.args = (moved, shape)
+    source.replace_all_uses_with(back)
+    graph.erase_node(source)
+    if not back.users:
+        graph.erase_node(back)
+    return 1
+
+
+def _view_of(graph: torch.fx.Graph, value: torch.fx.Node, shape: list) -> torch.fx.Node:
+    """``value`` viewed to ``shape``, a view of a view taken from the first view's source (which
+    may already have ``shape``: an operand viewed back by an earlier hoist)."""
+    if value.target in VIEWS and isinstance(value.args[0], torch.fx.Node) and _viewable(meta_of(value.args[0]), shape):
+        value = value.args[0]
+        if list(meta_of(value).shape) == shape:
+            return value
+    return call_with_value(graph, aten.view.default, (value, shape))
+
+
+def _broadcast_elementwise(node: torch.fx.Node) -> bool:
+    """A pointwise node asking for no rank-specific layout whose tensor operands have its shape or
+    broadcast to it (at most its rank, each size its size or 1)."""
+    if node.op != "call_function" or classify(node)[0] != "pointwise" \
+            or node.kwargs.get("memory_format") not in LAYOUT_FREE or not isinstance(meta_of(node), torch.Tensor):
+        return False
+    shape = tuple(meta_of(node).shape)
+    for arg in node.all_input_nodes:
+        value = meta_of(arg)
+        if not isinstance(value, torch.Tensor) or value.dim() > len(shape):
+            return False
+        if any(s not in (1, t) for s, t in zip(reversed(tuple(value.shape)), reversed(shape))):
+            return False
+    return True
+
+
+def _kernel_kind(node: torch.fx.Node) -> str | None:
+    """What ``node`` is to fusion: ``classify``'s kind, with the operators fuse rewrites into
+    reductions before grouping (``var_mean``, ``mean``, norms: :data:`FUSION_DECOMPOSITIONS`) as
+    reductions."""
+    if node.op == "call_function" and node.target in FUSION_DECOMPOSITIONS and node.target not in _NOT_REDUCTIONS:
+        return "reduction"
+    return classify(node)[0]
+
+
+_NOT_REDUCTIONS = {aten.full_like.default, aten.scatter.value, aten.scatter.src, aten.index_put.default}
+
+
+def _reduction_reads(view: torch.fx.Node, shape: list) -> bool:
+    """A reduction reads ``view``'s value, directly or through elementwise nodes of ``shape``."""
+    todo, seen = list(view.users), set()
+    while todo:
+        node = todo.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        kind = _kernel_kind(node)
+        if kind == "reduction":
+            return True
+        if kind == "pointwise" and isinstance(meta_of(node), torch.Tensor) and list(meta_of(node).shape) == shape:
+            todo.extend(node.users)
+    return False
+
+
+def _axis_groups(old: list, new: list) -> list | None:
+    """The reshape ``old -> new`` as consecutive groups of axes ``((i, j), (k, l))``: old axes
+    ``i..j-1`` hold the elements of new axes ``k..l-1`` (equal products, size-1 axes joining the
+    group before them), or None when an axis is split across groups."""
+    groups, i, k = [], 0, 0
+    while i < len(old) or k < len(new):
+        start_i, start_k = i, k
+        p = q = 1
+        if i < len(old):
+            p, i = old[i], i + 1
+        if k < len(new):
+            q, k = new[k], k + 1
+        while p != q:
+            if p < q and i < len(old):
+                p, i = p * old[i], i + 1
+            elif q < p and k < len(new):
+                q, k = q * new[k], k + 1
+            else:
+                return None
+        while i < len(old) and old[i] == 1 and (k >= len(new) or new[k] != 1):
+            i += 1
+        while k < len(new) and new[k] == 1 and (i >= len(old) or old[i] != 1):
+            k += 1
+        groups.append(((start_i, i), (start_k, k)))
+    return groups
+
+
+def _regrouped(shape: list, old: list, new: list, groups: list) -> list | None:
+    """The shape of an operand broadcast to ``old`` (``shape``) after the reshape to ``new``: per
+    group, the new sizes where the operand has the old ones, 1s where it has 1s."""
+    full = [1] * (len(old) - len(shape)) + shape
+    out = []
+    for (i, j), (k, l) in groups:
+        if all(s == 1 for s in full[i:j]):
+            out += [1] * (l - k)
+        elif full[i:j] == old[i:j]:
+            out += new[k:l]
+        else:
+            return None
+    return out
 
 
 def _hoist_permute(graph: torch.fx.Graph, permute: torch.fx.Node) -> int:
