@@ -67,7 +67,7 @@ class Decompose(Pass):
 
     name = "decompose"
     Options = DecomposeOptions
-    version = "2"
+    version = "3"
     requires = frozenset({"aten"})
     provides = frozenset({"decomposed"})
 
@@ -94,6 +94,9 @@ class Decompose(Pass):
         for overload, devices in kept_on.items():
             if overload in table:
                 table[overload] = _unless_on(table[overload], frozenset(devices))
+        for overload, positions in MIXED_PRECISION_NORMS.items():
+            if overload in table:
+                table[overload] = _in_parameter_precision(table[overload], positions)
         return table
 
     def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
@@ -103,6 +106,50 @@ class Decompose(Pass):
             return graph
         with torch.no_grad():
             return compat.retrace(graph, context.example_inputs, decompositions=table)
+
+
+aten = torch.ops.aten
+
+#: Normalizations ATen computes in float32 for float16/bfloat16 activations with float32 weights
+#: (CPU autocast runs them so), returning float32 statistics and weight gradients: operator ->
+#: (positions of the activations, positions of the weights). torch's decompositions compute in
+#: the activations' type instead, so a decomposed forward saved bfloat16 statistics for a backward
+#: that ATen (kept by ``keep_on``) then refused, and decomposed backwards summed weight gradients
+#: from rounded values.
+MIXED_PRECISION_NORMS = {
+    aten.native_layer_norm.default: ((0,), (2, 3)),
+    aten.native_group_norm.default: ((0,), (1, 2)),
+    aten.native_batch_norm.default: ((0,), (1, 2)),
+    aten._native_batch_norm_legit.default: ((0,), (1, 2)),
+    aten._native_batch_norm_legit.no_stats: ((0,), (1, 2)),
+    aten._native_batch_norm_legit_functional.default: ((0,), (1, 2)),
+    aten._native_batch_norm_legit_no_training.default: ((0,), (1, 2)),
+    aten.native_layer_norm_backward.default: ((0, 1), (5, 6)),
+    aten.native_group_norm_backward.default: ((0, 1), (4,)),
+    aten.native_batch_norm_backward.default: ((0, 1), (2,)),
+}
+
+
+def _in_parameter_precision(decomposition, positions: tuple):
+    """``decomposition`` of a normalization (or its backward), run on the activations converted to
+    float32 when they are float16/bfloat16 and the weights float32, with its first result (the
+    output, or the input's gradient) converted back, as ATen computes it."""
+    activations, weights = positions
+
+    def decompose_in_parameter_precision(*args, **kwargs):
+        low = [args[p] for p in activations if isinstance(args[p], torch.Tensor)]
+        given = [args[p] for p in weights if p < len(args) and isinstance(args[p], torch.Tensor)]
+        if not (low and given and all(a.dtype in (torch.float16, torch.bfloat16) for a in low)
+                and all(w.dtype == torch.float32 for w in given)):
+            return decomposition(*args, **kwargs)
+        dtype = low[0].dtype
+        out = decomposition(*[a.float() if i in activations and isinstance(a, torch.Tensor) else a
+                              for i, a in enumerate(args)], **kwargs)
+        if out is NotImplemented:       # kept on this device (keep_on): traced as the operator
+            return out
+        first = out[0].to(dtype) if isinstance(out[0], torch.Tensor) else out[0]
+        return (first, *out[1:])
+    return decompose_in_parameter_precision
 
 
 def _unless_on(decomposition, devices: frozenset):
