@@ -321,9 +321,10 @@ def _hoist_shared(graph: torch.fx.Graph, view: torch.fx.Node) -> int:
         back.meta["viewed_back"] = True
     view.replace_all_uses_with(moved)
     graph.erase_node(view)
-    for user in list(source.users):
-        if user.target in VIEWS and static_sizes(meta_of(user).shape):
-            shape = list(meta_of(user).shape)     # a view of the old value: that view of the new one
+    for user in [u for u in source.users if u.target in VIEWS]:
+        shape = list(meta_of(user).shape)
+        if static_sizes(shape) and _viewable(meta_of(moved), shape):
+            # a view of the old value: that view of the new one
             if shape == new:
                 user.replace_all_uses_with(moved)
                 graph.erase_node(user)
