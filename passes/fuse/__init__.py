@@ -302,7 +302,8 @@ class Fuse(Pass):
                 continue
             inputs: list = [a for a in outside_inputs(group) if isinstance(meta_of(a), torch.Tensor)]
             if all(type(size) is int for size in group.domain) and math.prod(group.domain) <= SMALL_DOMAIN \
-                    and all(a.op in ("placeholder", "get_attr") for a in outside_inputs(group)):
+                    and all(a.op in ("placeholder", "get_attr") for a in outside_inputs(group)) \
+                    and any(classify(n)[0] == "pointwise" for n in group.nodes):    # not views alone
                 inputs.append(("small domain", tuple(group.domain), group.device))
             target = None
             for arg in inputs:
