@@ -404,7 +404,10 @@ class NumpyKernel(CompiledKernel):
         for value, (shape, stride, dtype) in zip(results, self.outputs):
             out = torch.empty_strided(shape, stride, dtype=dtype, device=device)
             array = np.array(np.broadcast_to(value, shape), order="C")  # a writable copy
-            out.copy_(torch.from_numpy(array).to(dtype))
+            # An expanded output (stride 0 along a size > 1) holds one element per broadcast line:
+            # write that element (torch refuses a copy into overlapping memory).
+            first = tuple(slice(0, 1) if st == 0 and n > 1 else slice(None) for n, st in zip(shape, stride))
+            out[first].copy_(torch.from_numpy(np.array(array[first])).to(dtype))
             outs.append(out)
         return tuple(outs)
 

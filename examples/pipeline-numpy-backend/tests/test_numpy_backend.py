@@ -105,3 +105,14 @@ def test_numpy_reference_plan_runs_and_verifies_a_model(dtype):
     assert record.kernels >= 1
     assert any(n["pass"] == "numpy-backend" and n["message"].startswith(f"{record.kernels} numpy kernel(s)")
                for n in record.notes)
+
+
+def test_an_expanded_output_is_written_once_per_broadcast_line():
+    """A group whose output is an ``expand`` (stride 0): the kernel writes the one element each
+    broadcast line holds, as the layout eager gives it has room for no more."""
+    def scaled_and_expanded(x):
+        return (torch.mul(x, -1.5).expand(3),)
+
+    inputs = [torch.randn(1)]
+    assert_preserves_semantics(NumpyBackend(NumpyBackendOptions()),
+                               before_fuse(torch.fx.symbolic_trace(scaled_and_expanded), inputs), inputs)
