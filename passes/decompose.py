@@ -16,6 +16,8 @@ import torch
 from pipeline import Pass, PassContext, device_types, option
 from pipeline import compat
 
+aten = torch.ops.aten
+
 
 def _known_ops_on(per_device: dict) -> str | None:
     """Check for ``keep_on``: device types to lists of operator names."""
@@ -86,6 +88,9 @@ class Decompose(Pass):
         for name in opts.keep:
             for overload in compat.overloads_of(compat.resolve_op(name)):
                 table.pop(overload, None)
+        for overload, positions in MIXED_PRECISION_NORMS.items():
+            if overload in table:
+                table[overload] = _in_parameter_precision(table[overload], positions)
         kept_on: dict = {}
         for device, names in (opts.keep_on or {}).items():
             for name in names:
@@ -94,9 +99,6 @@ class Decompose(Pass):
         for overload, devices in kept_on.items():
             if overload in table:
                 table[overload] = _unless_on(table[overload], frozenset(devices))
-        for overload, positions in MIXED_PRECISION_NORMS.items():
-            if overload in table:
-                table[overload] = _in_parameter_precision(table[overload], positions)
         return table
 
     def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
@@ -107,8 +109,6 @@ class Decompose(Pass):
         with torch.no_grad():
             return compat.retrace(graph, context.example_inputs, decompositions=table)
 
-
-aten = torch.ops.aten
 
 #: Normalizations ATen computes in float32 for float16/bfloat16 activations with float32 weights
 #: (CPU autocast runs them so), returning float32 statistics and weight gradients: operator ->
@@ -145,7 +145,7 @@ def _in_parameter_precision(decomposition, positions: tuple):
         dtype = low[0].dtype
         out = decomposition(*[a.float() if i in activations and isinstance(a, torch.Tensor) else a
                               for i, a in enumerate(args)], **kwargs)
-        if out is NotImplemented:       # kept on this device (keep_on): traced as the operator
+        if out is NotImplemented:       # the decomposition declines: traced as the operator
             return out
         first = out[0].to(dtype) if isinstance(out[0], torch.Tensor) else out[0]
         return (first, *out[1:])

@@ -155,7 +155,7 @@ def _call_in_place_twins(graph: torch.fx.Graph, context: PassContext) -> int:
         writebacks = []
         for result, position in written.items():
             value, target = results.get(result), node.args[position] if position < len(node.args) else None
-            if value is None or len(value.users) != 1 or not isinstance(target, torch.fx.Node):
+            if value is None or not isinstance(target, torch.fx.Node):
                 break
             copies = _copies_back(value, target)
             if copies is None or target in node.args[:position] or target in node.args[position + 1:] \

@@ -36,7 +36,8 @@ from passes.kernel_ir import rules
 from .cpp.build import build, digest_path
 from .cpp.launch import launcher as cpp_launcher
 from .cpp.source import kernel_source, module_source
-from .host import fold_views, lower_linear, reuse_buffers, to_host_module
+from .buffers import reuse_buffers
+from .host import fold_views, lower_linear, to_host_module
 from .specialize import METRIC as SIZES_METRIC, SizeRuntime, specialize_graph
 
 

@@ -223,6 +223,12 @@ FUSION_DECOMPOSITIONS = {
 }
 
 
+#: The operators of :data:`FUSION_DECOMPOSITIONS` that become reductions.
+REDUCING = frozenset({aten.mean.dim, aten.mean.default, aten.var.correction, aten.var_mean.correction,
+                      aten.linalg_vector_norm.default, aten.any.dim, aten.any.dims, aten.any.default,
+                      aten.all.dim, aten.all.dims, aten.all.default})
+
+
 MAX_COPIED_EXPRESSION = 8   # most nodes of an index expression copied into each kernel reading it
 
 

@@ -45,7 +45,7 @@ from pipeline import compat
 from passes.kernel_ir.groups import end_padding, meta_of, packet_name
 from passes.kernel_ir.nodes import static_sizes
 
-from .canonicalize import FUSION_DECOMPOSITIONS
+from .canonicalize import REDUCING
 from .legality import classify
 
 aten = torch.ops.aten
@@ -365,14 +365,10 @@ def _broadcast_elementwise(node: torch.fx.Node) -> bool:
 
 def _kernel_kind(node: torch.fx.Node) -> str | None:
     """What ``node`` is to fusion: ``classify``'s kind, with the operators fuse rewrites into
-    reductions before grouping (``var_mean``, ``mean``, norms: :data:`FUSION_DECOMPOSITIONS`) as
-    reductions."""
-    if node.op == "call_function" and node.target in FUSION_DECOMPOSITIONS and node.target not in _NOT_REDUCTIONS:
+    reductions before grouping (``var_mean``, ``mean``, norms: :data:`REDUCING`) as reductions."""
+    if node.op == "call_function" and node.target in REDUCING:
         return "reduction"
     return classify(node)[0]
-
-
-_NOT_REDUCTIONS = {aten.full_like.default, aten.scatter.value, aten.scatter.src, aten.index_put.default}
 
 
 def _reduction_reads(view: torch.fx.Node, shape: list) -> bool:

@@ -390,7 +390,7 @@ class CompiledKernel:
     in_place_capable: bool = False
     #: Whether the kernel's call takes ``reuse=(tensor or None, ...)``: per output, a dead buffer
     #: of exactly that output's layout to write into instead of allocating (the generated host
-    #: code passes one where a tensor died before the call, see passes/codegen/host.py).
+    #: code passes one where a tensor died before the call, see passes/codegen/buffers.py).
     accepts_reuse: bool = False
     #: A kernel generated for symbolic sizes (see :mod:`passes.kernel_ir.symbolic`): the size
     #: class it holds for; such a kernel is called through ``at(binding)``, which returns the

@@ -45,7 +45,8 @@ from passes.kernel_ir.groups import CompiledKernel, FusedGroup, meta_of, output_
 from passes.kernel_ir.loops import UnsupportedGroup
 from passes.kernel_ir import rules
 
-from passes.codegen.host import FAST_BINDINGS, drop_reuse, reuse_buffers
+from passes.codegen.buffers import drop_reuse, reuse_buffers
+from passes.codegen.host import FAST_BINDINGS
 from .source import MATMULS, RESHAPES, TemplateConfig, TemplatePlan, candidate_configs, template_plan, \
     template_source
 from passes.codegen.triton.runtime import TritonKernel, interpreter_problem, interpreting, kernel_dir, load_module, \
@@ -124,7 +125,7 @@ def find_site(node: torch.fx.Node) -> tuple[Site | None, str]:
     if isinstance(epilogue.target, CompiledKernel) and epilogue.target.backend != "triton":
         return None, f"its epilogue is a {epilogue.target.backend} kernel (the template is Triton)"
     product = view if view is not None else node
-    # ``donors`` is the host code's note of which dying input an output may take (host.py); the
+    # ``donors`` is the host code's note of which dying input an output may take (buffers.py); the
     # combined kernel gets its own.
     if sum(a is product for a in epilogue.args) != 1 or set(epilogue.kwargs) - {"donors"}:
         return None, "its epilogue takes it more than once"
