@@ -100,8 +100,47 @@ def test_values_are_released_after_their_last_use():
     assert any("; del " in line for line in lines)
     released = {name.strip() for line in lines if "; del " in line
                 for name in line.split("#")[0].split("; del ")[1].split(",")}
-    returned = lines[-1].split("return", 1)[1]
+    returned = next(line for line in lines if line.startswith("    return ")).split("return", 1)[1]
     assert not any(name in returned.replace("(", " ").replace(",", " ").split() for name in released)
+
+
+_observed: list = []
+_watched: list = []
+
+
+@torch.fx.wrap
+def observe(t):
+    _observed.append(_watched[0]() is None)
+    return t
+
+
+def test_boxed_forward_frees_each_input_at_its_last_use():
+    """Called boxed (as AOTAutograd calls a backward, handing over the saved tensors), the host
+    code empties the list and drops each input after its last use: a saved activation does not
+    live until the whole backward returns."""
+    import weakref
+
+    from passes.codegen.host import to_host_module
+    from pipeline.compat import boxed_form
+
+    x, y = torch.randn(64), torch.randn(64)
+    _watched[:] = [weakref.ref(x)]
+
+    def fn(a, b):
+        return torch.relu(a) + observe(b)
+    host = to_host_module(torch.fx.symbolic_trace(fn))
+    call = boxed_form(host.forward)
+    assert call is not None and call._boxed_call
+    expected = torch.relu(x) + y
+    args = [x, y]
+    del x
+    _observed.clear()
+    out = call(args)
+    assert args == [] and _observed == [True]
+    assert torch.equal(out, expected)
+    z = torch.randn(64)
+    assert torch.equal(host(z, y), torch.relu(z) + y)          # the unboxed forward still works
+    assert boxed_form(torch.fx.symbolic_trace(fn).forward) is None     # FX's own code is not boxed
 
 
 def matmul_then_pointwise(x, w):

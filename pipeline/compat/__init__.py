@@ -138,7 +138,8 @@ def aot_compile(gm: torch.fx.GraphModule, example_inputs: list, *, forward: Call
             # AOTAutograd calls its compilers inside its fake mode; ours run as the inference
             # path does, outside it (passes enter the fake mode of their example inputs).
             with real_tensors():
-                return make_boxed_func(compiler(graph, list(inputs)))
+                compiled = compiler(graph, list(inputs))
+            return boxed_form(compiled) or make_boxed_func(compiled)
         return compile_boxed
 
     extra: dict = {}
@@ -163,6 +164,22 @@ def aot_compile(gm: torch.fx.GraphModule, example_inputs: list, *, forward: Call
     return aot_module_simplified(gm, example_inputs, fw_compiler=boxed(forward),
                                  bw_compiler=boxed(backward), keep_inference_input_mutations=True,
                                  **extra)
+
+
+def boxed_form(compiled: Callable) -> Callable | None:
+    """``compiled`` under AOTAutograd's boxed calling convention (a function of one list of inputs,
+    which it may empty) when it is the bound ``forward`` of a module that also offers
+    ``boxed_forward(args)``; else None. A backward called boxed can free each saved tensor at its
+    last use, where ``compiled(*args)`` would keep all of them alive until it returns."""
+    owner = getattr(compiled, "__self__", None)
+    run = getattr(owner, "boxed_forward", None)
+    if run is None or getattr(compiled, "__name__", None) != "forward":
+        return None
+
+    def call_boxed(args: list) -> Any:
+        return run(args)
+    call_boxed._boxed_call = True     # AOTAutograd's mark: hand over the list, do not unpack it
+    return call_boxed
 
 
 def rename_placeholders(gm: torch.fx.GraphModule, names: list[str]) -> None:
