@@ -33,8 +33,12 @@ pitched kernels (:mod:`passes.codegen.triton.pitch`) read past each row.
 
 Training graphs (``roles: [inference, forward, backward]``): AOTAutograd calls the compiled forward
 inside its autograd function and the backward from the autograd engine; both are recorded on
-their first call like any graph. Parameters are used in place, and the gradients the backward
-returns are cloned. The tensors the forward saves for the backward are *lent*, not cloned: the
+their first call like any graph. Parameters are used in place. The backward *lends* the
+gradients it returns (aliases of its recorded output buffers, which the autograd engine moves
+into ``.grad`` without a copy); a backward called while last step's gradients are still
+referenced (accumulated over several steps, or cleared with ``zero_grad(set_to_none=False)``)
+runs without replaying, into new memory. The tensors the forward saves for the backward are
+*lent* too, not cloned: the
 forward hands out aliases of its recorded output buffers, and a graph recorded with such a buffer
 as an input (the backward) reads it in place, with no copy on either side. Before each replay the
 forward checks that nothing still references the buffers it lent last time (the storages'
@@ -212,9 +216,10 @@ class CudaGraphRunner:
         self.replays = 0
         self.unreplayed = 0
         self._noted: set[str] = set()
-        lends = (context.role == "forward" and context.forward_outputs is not None
-                 and options.clone_outputs and _use_count is not None)
-        self.lend_from = context.forward_outputs if lends else None
+        # A training forward lends its saved tensors, a backward its gradients (from output 0).
+        lends = options.clone_outputs and _use_count is not None and (
+            context.role == "backward" or context.role == "forward" and context.forward_outputs is not None)
+        self.lend_from = (0 if context.role == "backward" else context.forward_outputs) if lends else None
         hands_out = not options.clone_outputs and handouts_supported()
         self.handouts = (handouts or HandOuts(context.graph_id)) if hands_out else None
 
@@ -265,9 +270,7 @@ class CudaGraphRunner:
                                               "forward ran without replaying)")
         for storage, count in self.lent:
             if _use_count(storage) > count:
-                return self._unreplayed(args, "the saved tensors this graph lent on its previous call are "
-                                              "still referenced (a second forward before the first one's "
-                                              "backward, or retain_graph)")
+                return self._unreplayed(args, _STILL_REFERENCED[self.context.role])
         if self.handouts is not None:
             self.handouts.invalidate()
         for index, buffer in self.buffers.items():
@@ -337,7 +340,8 @@ class CudaGraphRunner:
         self.context.note(f"recorded: {len(self.buffers)} input(s) copied into static buffers per call, "
                           f"{len(self.static)} parameter/buffer input(s) used in place"
                           + (f", {len(self.borrowed)} lent buffer(s) read in place" if self.borrowed else "")
-                          + (f", {self.returns.count('lend')} saved output(s) lent" if self.lent else "")
+                          + (f", {self.returns.count('lend')} {'gradient' if self.context.role == 'backward' else 'saved'}"
+                             f" output(s) lent" if self.lent else "")
                           + ("" if self.options.clone_outputs else
                              "; outputs are aliases of the recorded buffers, overwritten by the next call"
                              + (" (then unreadable)" if self.handouts is not None else "")), topic="cudagraphs")
@@ -358,13 +362,17 @@ class CudaGraphRunner:
         for pointer in [p for p, owner in _lent.items() if owner() in (None, self)]:
             del _lent[pointer]
         static = {args[i].untyped_storage().data_ptr() for i in self.static}
+        # A gradient in an input's memory (a tangent passed through) is cloned: only buffers the
+        # recording itself allocates are lent from a backward.
+        inputs = {a.untyped_storage().data_ptr() for a in (*args, *self.buffers.values())
+                  if isinstance(a, torch.Tensor)} if self.context.role == "backward" else set()
         returns, storages = [], {}
         for index, value in enumerate(self.outputs):
             if not isinstance(value, torch.Tensor):
                 returns.append("as is")
             elif self.handouts is not None:
                 returns.append("as is" if value.untyped_storage().data_ptr() in static else "hand out")
-            elif self.lend_from is None or index < self.lend_from:
+            elif self.lend_from is None or index < self.lend_from or value.untyped_storage().data_ptr() in inputs:
                 returns.append("clone")
             else:
                 returns.append("lend")
@@ -378,6 +386,13 @@ class CudaGraphRunner:
         self.lent = [(storage, _use_count(storage)) for storage in storages.values()]
 
 
+_STILL_REFERENCED = {
+    "forward": "the saved tensors this graph lent on its previous call are still referenced (a second "
+               "forward before the first one's backward, or retain_graph)",
+    "backward": "the gradients this graph lent on its previous call are still referenced (gradients kept "
+                "across steps: accumulation, or zero_grad(set_to_none=False))"}
+
+
 def _lender(value: torch.Tensor) -> CudaGraphRunner | None:
     """The live runner whose recording writes the buffer ``value`` starts at, if one lends it."""
     owner = _lent.get(value.data_ptr())
@@ -389,7 +404,7 @@ class CudaGraphs(Pass):
 
     name = "cudagraphs"
     Options = CudaGraphsOptions
-    version = "5"
+    version = "6"
 
     def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
         reason = static_skip_reason(graph, context, tuple(self.options.roles))

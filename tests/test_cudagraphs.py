@@ -286,6 +286,41 @@ def test_a_training_forward_lends_its_saved_tensors_to_the_backward_without_copi
 
 
 @needs_cuda
+def test_a_training_backward_lends_its_gradients_and_steps_match_eager():
+    """The backward hands out its gradients in its recorded buffers (no clone launches); with
+    zero_grad(set_to_none=True) between steps nothing holds them at the next replay."""
+    eager_model, model = mlp().cuda().train(), mlp().cuda().train()
+    compiled = compile_with_plan(model, TRAINING_CUDAGRAPHS)
+    for (loss, grads), (ref_loss, ref_grads) in zip(train_steps(model, compiled, 4, "cuda"),
+                                                    train_steps(eager_model, eager_model, 4, "cuda")):
+        assert compare(ref_loss, loss) is None
+        for name, grad in grads.items():
+            assert compare(ref_grads[name], grad) is None, name
+    notes = cudagraph_notes(compiled)
+    assert any("gradient output(s) lent" in n for n in notes)
+    assert not any("without replaying" in n for n in notes)
+
+
+@needs_cuda
+def test_gradients_accumulated_over_steps_are_not_overwritten_by_the_next_backward():
+    """Two backwards into the same .grad before zero_grad: the second finds the gradients the
+    first lent still held (accumulating into them), runs without replaying, and matches eager."""
+    eager_model, model = mlp().cuda().train(), mlp().cuda().train()
+    compiled = compile_with_plan(model, TRAINING_CUDAGRAPHS)
+    for step in range(3):
+        torch.manual_seed(step)
+        xs = [torch.randn(8, 32, device="cuda") for _ in range(3)]
+        for m, f in ((eager_model, eager_model), (model, compiled)):
+            m.zero_grad(set_to_none=True)
+            for x in xs:
+                f(x).square().mean().backward()
+        for (name, p), q in zip(eager_model.named_parameters(), model.parameters()):
+            assert compare(p.grad, q.grad) is None, (step, name)
+    assert any("gradients this graph lent on its previous call are still referenced" in n
+               for n in cudagraph_notes(compiled))
+
+
+@needs_cuda
 def test_two_forwards_before_one_backward_match_eager():
     """The second forward finds the first one's saved tensors still referenced, so it runs without
     replaying (into new memory); both backwards then read what their own forward saved."""
