@@ -4,6 +4,7 @@ by side, so that a model where ours trails shows which kernels differ.
 
     python benchmarks/probes/zoo_kernels.py --device cuda --models vit,t5 --out DIR [--plan P]
         [--host-profile CALLS]    # and where the host time of Inductor's and our calls goes
+        [--train]                 # a training step as the zoo runs it (forward, loss, backward)
 """
 from __future__ import annotations
 
@@ -20,13 +21,14 @@ from zoo import MODELS, load  # noqa: E402
 from pipeline import compile_with_plan  # noqa: E402
 
 
-def kernel_table(fn, args, kwargs, calls: int, device: str) -> tuple[dict, float]:
+def kernel_table(fn, args, kwargs, calls: int, device: str, train: bool = False) -> tuple[dict, float]:
     """{kernel name: (launches per call, us per call)} and the wall ms per call."""
+    import contextlib
     import time
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.no_grad():
+    with contextlib.nullcontext() if train else torch.no_grad():
         for _ in range(3):
             fn(*args, **kwargs)
         if device == "cuda":
@@ -55,6 +57,17 @@ def kernel_table(fn, args, kwargs, calls: int, device: str) -> tuple[dict, float
     return {k: (v[0] / calls, v[1] / calls) for k, v in table.items()}, wall
 
 
+def train_step(fn, built, device: str):
+    """The zoo's training step around ``fn``: forward (under bf16 autocast on CUDA), loss, backward,
+    gradients cleared."""
+    def step(*args, **kwargs):
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
+            out = fn(*args, **kwargs)
+        built.loss(out).backward()
+        built.module.zero_grad(set_to_none=True)
+    return step
+
+
 def host_profile(fn, args, kwargs, calls: int, top: int) -> str:
     """cProfile of ``calls`` calls (after the timed ones): where the host time of a call goes."""
     import cProfile
@@ -80,11 +93,12 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--out", default=None)
     parser.add_argument("--plan", default="default", help="our plan (a name or a YAML path)")
+    parser.add_argument("--train", action="store_true", help="time a training step (the zoo's) instead")
     parser.add_argument("--host-profile", type=int, default=0, metavar="CALLS",
                         help="also cProfile this many calls of Inductor and ours (host time by function)")
     args = parser.parse_args()
     size = args.size or ("full" if args.device == "cuda" else "small")
-    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    dtype = torch.bfloat16 if args.device == "cuda" and not args.train else torch.float32
     load()
     lines = []
     for name in args.models.split(","):
@@ -92,12 +106,18 @@ def main() -> None:
         inputs, kw = built.inputs(0)
         inputs = tuple(a.to(args.device) if isinstance(a, torch.Tensor) else a for a in inputs)
         kw = {k: (v.to(args.device) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+        plan = "training" if args.train and args.plan == "default" else args.plan
         variants = {"eager": built.module, "inductor": torch.compile(built.module),
-                    "ours": compile_with_plan(built.module, args.plan)}
+                    "ours": compile_with_plan(built.module, plan)}
+        if args.train:
+            from zoo.runner import no_dropout
+            built.module.train()
+            no_dropout(built.module)
+            variants = {label: train_step(fn, built, args.device) for label, fn in variants.items()}
         tables = {}
         for label, fn in variants.items():
             try:
-                tables[label] = kernel_table(fn, inputs, kw, args.calls, args.device)
+                tables[label] = kernel_table(fn, inputs, kw, args.calls, args.device, args.train)
             except Exception as error:  # noqa: BLE001 - a probe reports and goes on
                 lines.append(f"{name} {label}: {type(error).__name__}: {str(error)[:300]}")
         for label, (table, wall) in tables.items():
