@@ -35,10 +35,13 @@ ROOT = HERE.parent
 VARIANTS = ["ours cold", "ours second", "inductor cold", "inductor second"]
 
 
-def _model(layers: int):
+def _model(layers: int, longest: int):
+    """GPT-2 (d 768, 12 heads) with ``layers`` layers and random weights; its position table holds
+    GPT-2's 1024 positions, or ``longest`` where a bucket is longer (llm-serving's reaches 2048)."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
-    config = GPT2Config(n_layer=layers, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024, use_cache=False)
+    config = GPT2Config(n_layer=layers, n_embd=768, n_head=12, vocab_size=50257, n_positions=max(1024, longest),
+                        use_cache=False)
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     return GPT2LMHeadModel(config).eval().to("cuda", torch.bfloat16)
@@ -64,7 +67,7 @@ def _pad_to(ids, batches: list[int], seqs: list[int]):
 
 def child(variant: str, work: str, layers: int, batches: list[int], seqs: list[int], requests: int) -> dict:
     import torch
-    model = _model(layers)
+    model = _model(layers, max(seqs))
     example = torch.randint(0, 50257, (max(batches), max(seqs)), device="cuda")
     with torch.no_grad():
         model(input_ids=example)
