@@ -86,3 +86,50 @@ def test_gradients_through_a_dense_mask_match_eager():
     compiled(*ours_args).square().sum().backward()
     for want, got in zip(eager_args[:3], ours_args[:3]):
         assert compare(want.grad, got.grad) is None
+
+
+def _bias_graph(bias: torch.Tensor) -> tuple[torch.fx.GraphModule, torch.fx.Node]:
+    """A graph calling the memory-efficient attention kernel (never run: CPU example values) on a
+    bias computed in the graph, as fusion leaves it."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    mode = FakeTensorMode()
+    graph = torch.fx.Graph()
+    q, k, v, b = (graph.placeholder(n) for n in "qkvb")
+    made = graph.call_function(torch.ops.aten.mul.Tensor, (b, 1.0))
+    attention = graph.call_function(torch.ops.aten._scaled_dot_product_efficient_attention.default,
+                                    (q, k, v, made, False))
+    graph.output(attention)
+    qkv = mode.from_tensor(torch.empty(bias.shape[0], 12, 1, 64))
+    for node, value in ((q, qkv), (k, qkv), (v, qkv), (b, mode.from_tensor(bias)), (made, mode.from_tensor(bias))):
+        node.meta["val"] = value
+    return torch.fx.GraphModule(torch.nn.Module(), graph), made
+
+
+def test_a_bias_the_fused_kernels_would_refuse_gets_an_aligned_copy():
+    """A one-token bias written densely over heads (head stride 1, as fusion wrote llm-serving's
+    seq-1 bucket) is copied into a padded, sliced layout; broadcast axes stay stride 0."""
+    from passes.codegen.extern_layouts import aligned, align_extern_inputs
+    dense = torch.randn(2, 12, 1, 1)
+    assert not aligned(dense)
+    assert aligned(torch.randn(2, 12, 64, 64)) and aligned(torch.randn(2, 1, 1, 64).expand(2, 12, 64, 64))
+    gm, made = _bias_graph(dense)
+    assert align_extern_inputs(gm) == 1
+    attention = next(n for n in gm.graph.nodes if "efficient" in str(n.target))
+    copy = attention.args[3]
+    assert copy is not made and aligned(copy.meta["val"])
+    chain = []
+    node = copy
+    while node is not made:
+        chain.append(node)
+        node = node.args[0]
+    value = dense
+    for node in reversed(chain):
+        value = node.target(value, *node.args[1:])
+    assert torch.equal(value, dense) and aligned(value)
+    broadcast = torch.randn(2, 1, 1, 1).expand(2, 12, 1, 1)
+    gm, made = _bias_graph(broadcast)
+    assert align_extern_inputs(gm) == 1
+    copy = next(n for n in gm.graph.nodes if "efficient" in str(n.target)).args[3].meta["val"]
+    assert aligned(copy) and copy.stride(1) == 0
+    gm, _ = _bias_graph(torch.randn(2, 1, 64, 64).expand(2, 12, 64, 64))
+    assert align_extern_inputs(gm) == 0             # already aligned: no copy

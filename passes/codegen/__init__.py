@@ -37,6 +37,7 @@ from .cpp.build import build, digest_path
 from .cpp.launch import launcher as cpp_launcher
 from .cpp.source import kernel_source, module_source
 from .buffers import reuse_buffers
+from .extern_layouts import align_extern_inputs
 from .host import fold_views, lower_linear, to_host_module
 from .specialize import METRIC as SIZES_METRIC, SizeRuntime, specialize_graph
 
@@ -235,7 +236,7 @@ class Codegen(Pass):
 
     name = "codegen"
     Options = CodegenOptions
-    version = "26"
+    version = "27"
     cache_material = rules.cache_material   # rules a plugin adds or replaces change the output
     requires = frozenset({"fused"})
     provides = frozenset({"codegen"})
@@ -269,6 +270,9 @@ class Codegen(Pass):
 
     def host(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
         """The host-side rewrites and generated host source (see host.py)."""
+        copied = align_extern_inputs(graph)
+        if copied:
+            context.note(f"host: {copied} attention bias(es) copied into the aligned layout the fused kernels need")
         if self.options.fold_views:
             folded = fold_views(graph)
             if folded:
