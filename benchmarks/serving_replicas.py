@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -33,6 +34,13 @@ START = time.perf_counter()
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 VARIANTS = ["ours cold", "ours second", "inductor cold", "inductor second"]
+
+
+def _error_summary(stderr: str) -> str:
+    """A failed child's exception lines (``SomethingError: ...``, which can sit above a long graph
+    dump) and the end of its stderr."""
+    raised = [line for line in stderr.splitlines() if re.match(r"^[\w.]*(Error|Exception)\b.*:", line)]
+    return "\n".join(line[:800] for line in raised[-3:]) + "\n...\n" + stderr.strip()[-1200:]
 
 
 def _model(layers: int, longest: int):
@@ -158,7 +166,7 @@ def main() -> None:
                 done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.timeout)
                 lines = done.stdout.strip().splitlines()
                 row = json.loads(lines[-1]) if done.returncode == 0 and lines else \
-                    {"variant": variant, "error": done.stderr.strip()[-1500:]}
+                    {"variant": variant, "error": _error_summary(done.stderr)}
             except subprocess.TimeoutExpired:
                 row = {"variant": variant, "error": f"timed out after {args.timeout:.0f} s"}
             rows.append(row)

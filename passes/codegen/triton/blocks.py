@@ -108,11 +108,18 @@ def nest_is_reduction(nest: LoopNest) -> bool:
 
 
 def reduces_contiguous_axis(nest: LoopNest) -> bool:
-    """True when some full-level access walks a reduced axis with stride 1 (rows are contiguous)."""
+    """True when some full-level access walks a reduced axis with stride 1 (rows are contiguous).
+    Accesses that vary along both the reduced and the outer axes decide when there are any: a
+    vector broadcast along the outer axes (an RMS norm's per-row scale, ``[rows, 1]``) walks the
+    reduced axis with stride 1 but is read once per row, and must not make a column sum over a
+    row-major matrix read that matrix one column per program."""
     accesses = [acc for (_, consumer), acc in nest.loads.items()
                 if nest.level.get(consumer) == "full" or packet_name(consumer.target) in REDUCTIONS]
     accesses += [acc for node, acc in nest.outputs if nest.level[node] == "full"]
     if not nest.reduced:
         return True
+    spanning = [acc for acc in accesses if any(acc.strides[a] != 0 for a in nest.reduced)
+                and any(acc.strides[a] != 0 for a in nest.outer_axes)]
+    accesses = spanning or accesses
     return any(acc.strides[a] == 1 for acc in accesses for a in nest.reduced) or not any(
         acc.strides[a] == 1 for acc in accesses for a in nest.outer_axes)
