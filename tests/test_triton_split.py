@@ -92,6 +92,30 @@ def test_short_columns_and_contiguous_rows_stay_one_kernel(shape):
     assert not split_kernels()
 
 
+def norm_weight_gradient(h0, d1, d2, g, rstd, w):
+    """An RMS norm's backward over a recomputed residual stream, as partition leaves llama's last
+    layer: a column sum (the weight's gradient) beside full-size outputs, reading a per-row scale
+    (``rstd``, ``[rows, 1]``)."""
+    a1 = h0 + d1
+    a2 = a1 + d2
+    normed = a2 * rstd
+    return (normed * g).sum(0), a1 * 2, a2 * 2, normed * w
+
+
+def test_a_per_row_scale_does_not_make_a_column_sum_read_one_column_per_program():
+    """The scale walks the rows with stride 1, but the matrices walk the columns so: programs take
+    64 columns each (coalesced), not one column of rows 2048 elements apart."""
+    from passes.codegen.triton.blocks import choose_blocks, reduces_contiguous_axis
+    from passes.kernel_ir.loops import analyze
+    from pipeline.testing import run_passes
+    args = [torch.randn(1024, 512) for _ in range(4)] + [torch.rand(1024, 1) + 0.5, torch.randn(512)]
+    graph = run_passes(["functionalize", "decompose", "fuse"], torch.fx.symbolic_trace(norm_weight_gradient), args)
+    [group] = [n.target for n in graph.graph.nodes if type(n.target).__name__ == "FusedGroup"]
+    nest = analyze(group)
+    assert not reduces_contiguous_axis(nest) and choose_blocks(nest).xblock > 1
+    run(norm_weight_gradient, *args)
+
+
 def test_split_reductions_off_keeps_one_kernel():
     plan = {**PLAN, "options": {**PLAN["options"], "codegen": {"backend": "triton", "split_reductions": False}}}
     run(bias_gradients, torch.randn(2048, 40), torch.randn(2048, 40), torch.randn(40), plan=plan)
