@@ -286,6 +286,34 @@ def test_a_training_forward_lends_its_saved_tensors_to_the_backward_without_copi
     assert not any("without replaying" in n for n in cudagraph_notes(compiled))
 
 
+def steps_match_eager(step, *, inputs: int, device: str = "cuda", plan: str = TRAINING_CUDAGRAPHS):
+    """Three training steps ``step(f, xs)`` (gradients cleared before each) of eager and of the
+    compiled MLP on the same ``inputs`` random batches per step: their gradients match. Returns
+    the compiled model."""
+    eager_model, model = mlp().to(device).train(), mlp().to(device).train()
+    compiled = compile_with_plan(model, plan)
+    for number in range(3):
+        torch.manual_seed(number)
+        xs = [torch.randn(8, 32, device=device) for _ in range(inputs)]
+        for m, f in ((eager_model, eager_model), (model, compiled)):
+            m.zero_grad(set_to_none=True)
+            step(f, xs)
+        for (name, p), q in zip(eager_model.named_parameters(), model.parameters()):
+            assert compare(p.grad, q.grad) is None, (number, name)
+    return compiled
+
+
+def test_training_steps_match_eager_without_cuda_graphs_too():
+    """The step comparison the CUDA-graph tests below use, on the CPU under the ``training`` plan:
+    accumulated gradients and two forwards before one backward."""
+    def accumulate(f, xs):
+        for x in xs:
+            f(x).square().mean().backward()
+    steps_match_eager(accumulate, inputs=3, device="cpu", plan="training")
+    steps_match_eager(lambda f, xs: (f(xs[0]).square().mean() + 2 * f(xs[1]).mean()).backward(),
+                      inputs=2, device="cpu", plan="training")
+
+
 @needs_cuda
 def test_a_training_backward_lends_its_gradients_and_steps_match_eager():
     """The backward hands out its gradients in its recorded buffers (no clone launches); with
@@ -306,17 +334,10 @@ def test_a_training_backward_lends_its_gradients_and_steps_match_eager():
 def test_gradients_accumulated_over_steps_are_not_overwritten_by_the_next_backward():
     """Two backwards into the same .grad before zero_grad: the second finds the gradients the
     first lent still held (accumulating into them), runs without replaying, and matches eager."""
-    eager_model, model = mlp().cuda().train(), mlp().cuda().train()
-    compiled = compile_with_plan(model, TRAINING_CUDAGRAPHS)
-    for step in range(3):
-        torch.manual_seed(step)
-        xs = [torch.randn(8, 32, device="cuda") for _ in range(3)]
-        for m, f in ((eager_model, eager_model), (model, compiled)):
-            m.zero_grad(set_to_none=True)
-            for x in xs:
-                f(x).square().mean().backward()
-        for (name, p), q in zip(eager_model.named_parameters(), model.parameters()):
-            assert compare(p.grad, q.grad) is None, (step, name)
+    def step(f, xs):
+        for x in xs:
+            f(x).square().mean().backward()
+    compiled = steps_match_eager(step, inputs=3)
     assert any("gradients this graph lent on its previous call are still referenced" in n
                for n in cudagraph_notes(compiled))
 
@@ -325,16 +346,8 @@ def test_gradients_accumulated_over_steps_are_not_overwritten_by_the_next_backwa
 def test_two_forwards_before_one_backward_match_eager():
     """The second forward finds the first one's saved tensors still referenced, so it runs without
     replaying (into new memory); both backwards then read what their own forward saved."""
-    eager_model, model = mlp().cuda().train(), mlp().cuda().train()
-    compiled = compile_with_plan(model, TRAINING_CUDAGRAPHS)
-    for step in range(3):
-        torch.manual_seed(step)
-        xs = [torch.randn(8, 32, device="cuda") for _ in range(2)]
-        for m, f in ((eager_model, eager_model), (model, compiled)):
-            m.zero_grad(set_to_none=True)
-            (f(xs[0]).square().mean() + 2 * f(xs[1]).mean()).backward()
-        for (name, p), q in zip(eager_model.named_parameters(), model.parameters()):
-            assert compare(p.grad, q.grad) is None, (step, name)
+    compiled = steps_match_eager(lambda f, xs: (f(xs[0]).square().mean() + 2 * f(xs[1]).mean()).backward(),
+                                 inputs=2)
     assert any("still referenced" in n for n in cudagraph_notes(compiled))
 
 

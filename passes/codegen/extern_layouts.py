@@ -17,6 +17,7 @@ where it is a multiple of the alignment for every value of its symbols.
 """
 from __future__ import annotations
 
+import sympy
 import torch
 import torch.fx
 
@@ -43,7 +44,6 @@ def _multiple(stride) -> bool:
     expr = getattr(getattr(stride, "node", None), "expr", None)
     if expr is None:
         return False
-    import sympy
     return sympy.Mod(expr, ALIGNMENT) == 0
 
 
