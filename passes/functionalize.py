@@ -48,7 +48,7 @@ class Functionalize(Pass):
 
     name = "functionalize"
     Options = FunctionalizeOptions
-    version = "3"
+    version = "4"
     requires = frozenset({"captured"})
     provides = frozenset({"functional", "aten"})
 
@@ -62,4 +62,6 @@ class Functionalize(Pass):
                              f"operators ({', '.join(sorted({compat.op_name(n.target) for n in left}))})")
                 traced = compat.retrace(traced, context.example_inputs, functionalize=True,
                                         remove=self.options.remove)
+        # Python floats Dynamo lifted into inputs: tensor operations, or traced again as constants.
+        compat.tensorify_python_scalars(traced)
         return traced

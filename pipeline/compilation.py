@@ -98,6 +98,14 @@ class Compilation:
         graph_id = f"g{self._graph_count()}"
         self._record_capture(gm, graph_id)
         self._collect_graph_breaks()
+        try:
+            return self._compile_captured(gm, example_inputs, graph_id)
+        except compat.restart_exceptions():     # Dynamo traces again (a lifted float made constant)
+            self.graphs[:] = [r for r in self.graphs if r.graph_id.split(".")[0] != graph_id]
+            self.captures[:] = [c for c in self.captures if c.get("graph") != graph_id]
+            raise
+
+    def _compile_captured(self, gm: torch.fx.GraphModule, example_inputs: list, graph_id: str) -> Callable:
         needs_grad = torch.is_grad_enabled() and any(
             isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
         if needs_grad:

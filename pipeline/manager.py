@@ -10,6 +10,7 @@ from typing import Any
 
 import torch.fx
 
+from pipeline import compat
 from pipeline.errors import PassFailure, PipelineError
 from pipeline.graph_pass import Pass, PassContext
 from pipeline.registry import PluginInfo, Registry
@@ -52,7 +53,7 @@ class PassManager:
             self._call_hook("pipeline_before_pass", bound, graph, context)
             try:
                 result = bound.instance.run(graph, context)
-            except PipelineError:
+            except (PipelineError, *compat.restart_exceptions()):
                 raise
             except Exception as exc:  # noqa: BLE001 - re-raised naming the pass and its plugin
                 raise PassFailure(

@@ -92,6 +92,28 @@ def test_views_keep_symbolic_sizes_after_functionalize(tmp_path):
     assert "[24, 16]" not in after and "[3, 8, 32]" not in after, after
 
 
+def tanh_gelu(x):
+    """GPT-2's GELU: ``math.pi`` is a Python float, which Dynamo (not specializing floats) lifts
+    into a graph input when sizes are symbolic."""
+    import math
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def test_a_lifted_python_float_becomes_a_constant_again(tmp_path):
+    """torch's tensorify pass asks Dynamo to trace once more with the float as a constant: the
+    graph computes no scalar on the host (no ``.item()``), its multiply stays in the kernel, and
+    the abandoned first trace leaves no record behind."""
+    compiled = compile_with_plan(tanh_gelu, {"extends": "default", "options": {"capture": {"dynamic": True}}},
+                                 cache={"dir": str(tmp_path)})
+    for rows in (8, 16, 24):
+        x = torch.randn(rows, 32)
+        assert compare(tanh_gelu(x), compiled(x)) is None
+    compilation = compilation_of(compiled)
+    assert [g.graph_id for g in compilation.graphs] == ["g0"] and len(compilation.captures) == 1
+    code = compilation.graphs[0].final_code
+    assert "_local_scalar_dense" not in code and "aten_mul" not in code, code
+
+
 def test_encoder_survives_changing_sequence_lengths(tmp_path):
     model = Encoder().eval()
     compiled = compile_with_plan(model, "default", cache={"dir": str(tmp_path)})

@@ -21,7 +21,8 @@ from pipeline.compat.dynamo import (  # noqa: F401  (re-exported: callers import
     max_variants_per_function, recompile_error_types, recompile_limit_hit_count, recompile_limit_hits,
     reset_dynamo, stance, unsupported_error_types)
 from pipeline.compat.tracing import (  # noqa: F401  (re-exported)
-    as_fake, backend_inputs, example_value, fake_mode_of, has_effect, is_fake, retrace, traced_as_one_call, tracing_now)
+    as_fake, backend_inputs, example_value, fake_mode_of, has_effect, is_fake, restart_exceptions, retrace,
+    tensorify_python_scalars, traced_as_one_call, tracing_now)
 from pipeline.compat.shapes import (  # noqa: F401  (re-exported)
     guards_suppressed, is_backed, known_equal, rebuild_symbolic_metadata, replay_shape_guards, same_sizes, shape_facts,
     shape_guard_count, shape_guards_since)

@@ -206,3 +206,27 @@ def _views_to_copies(gm: torch.fx.GraphModule) -> None:
         if copy is not None:
             node.target = copy
     gm.recompile()
+
+
+def tensorify_python_scalars(gm: torch.fx.GraphModule) -> None:
+    """torch's pass for Python floats Dynamo lifted into graph inputs (it does not specialize
+    floats): arithmetic on them becomes tensor operations where it can, and otherwise it raises
+    Dynamo's restart exception (see :func:`restart_exceptions`), after which Dynamo traces again
+    with those floats as constants. AOTAutograd runs it on training graphs; inference graphs come
+    straight from Dynamo, so the graph passes run it. A graph without a SymFloat is left alone."""
+    if not any(isinstance(n.meta.get("val"), torch.SymFloat) for n in gm.graph.nodes):
+        return
+    values = [n.meta.get("val") for n in gm.graph.nodes]
+    mode = fake_mode_of([v for v in values if isinstance(v, torch.Tensor)])
+    if mode is None or mode.shape_env is None:
+        return
+    from torch.fx.passes._tensorify_python_scalars import tensorify_python_scalars as tensorify
+    tensorify(gm, mode.shape_env, mode)
+    gm.recompile()
+
+
+def restart_exceptions() -> tuple[type, ...]:
+    """Exceptions by which a Dynamo backend asks Dynamo to trace the frame again (with some values
+    specialized): a compiler passes these through untouched."""
+    from torch._dynamo.exc import RestartAnalysis
+    return (RestartAnalysis,)
