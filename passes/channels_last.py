@@ -17,27 +17,31 @@ callers see eager's strides. Graphs with ``as_strided`` (layout-dependent by def
 alone, as are graphs whose convolutions are all channels-last already (models converted with
 ``.to(memory_format=torch.channels_last)``).
 
-The weight's clone is made on every call (on CUDA a small copy, which ATen would otherwise make
-inside the convolution): a kept copy would miss writes through ``weight.data``, the trade
-``pack-weights`` leaves to the plan.
+The weight's clone is made on every call (a kept copy would miss writes through ``weight.data``,
+the trade ``pack-weights`` leaves to the plan); a 1x1 or depthwise weight needs none, its layout
+being channels-last already.
 
-Off by default (``devices: []``). On an H100 the U-Net block of the zoo, the one zoo model with
-NCHW convolutions on CUDA, ran slower with it (0.81x / 0.54x of Inductor default /
-reduce-overhead, against 1.07x / 0.91x without; benchmarks/results/zoo-2026-12-06-h100-convnet-diffusion.md):
-its group norms then reduce over channels-last tensors, which the reduction kernels walk in
-logical order, a stride of a whole pixel apart. On the CPU the per-call weight copies cost more
-than oneDNN's channels-last convolutions save on networks with large weights (a ResNet's
-512x512x3x3 layers: 0.33x-0.5x), while mobile nets gained (mobilenet_v2 1.28x).
+Whether channels-last pays depends on the convolution and the machine: oneDNN's channels-last
+kernels beat its blocked NCHW path on depthwise and narrow convolutions, and lose (by several
+times) where a convolution's weight outweighs the pixels it is applied to (a ResNet's last stages
+at a small batch). So by default (``decide: measure``) the pass times each distinct convolution of
+the graph in both layouts, weight copies included, on random tensors of its shapes, and converts
+only when channels-last saves ``min_gain`` of the total. The default plan lets CPU graphs convert;
+CUDA graphs keep their layout unless a plan lists ``cuda``: there the group norms between a U-Net's
+convolutions reduce over channels-last tensors a pixel apart, which the timing of convolutions
+alone does not see.
 """
 from __future__ import annotations
 
 import contextlib
+from typing import Literal
 
 import attrs
 import torch
 import torch.fx
 
-from pipeline import Pass, PassContext, compat, device_types, option, positive
+from pipeline import Pass, PassContext, compat, device_types, non_negative, option, positive
+from passes import timing
 from passes.kernel_ir.groups import meta_of
 from pipeline.ir import finish
 
@@ -48,12 +52,21 @@ VIEWS = (aten.view.default, aten._unsafe_view.default)
 
 @attrs.frozen
 class ChannelsLastOptions:
-    devices: list[str] = option([], "Devices whose convolutions run channels-last (none by default: see the "
-                                    "module's docs for what was measured).", check=device_types,
-                                tune=([], ["cuda"]))
+    devices: list[str] = option([], "Devices whose convolutions may run channels-last (the default plan lists "
+                                    "cpu; see the module's docs).", check=device_types,
+                                tune=([], ["cpu", "cuda"]))
     min_channels: int = option(16, "Only graphs with a convolution of at least this many input and output "
                                    "channels (the stem of an image model has 3 and proves nothing).",
                                check=positive)
+    decide: Literal["measure", "always"] = option(
+        "measure", "measure: time each distinct convolution of the graph in both layouts on random inputs of its "
+                   "shapes at compile time (a few milliseconds each; a weight that needs a channels-last copy "
+                   "every call is timed with its copy) and convert only when channels-last is faster in total by "
+                   "min_gain; always: convert whenever the pass applies.",
+        tune=("measure", "always"))
+    min_gain: float = option(0.05, "With decide: measure, the fraction of the convolutions' time channels-last "
+                                   "must save (it also pays for the layout copies of the graph's inputs and "
+                                   "outputs, which are not timed).", check=non_negative)
 
 
 def _is_channels_last(value: object) -> bool:
@@ -79,7 +92,7 @@ class ChannelsLast(Pass):
 
     name = "channels-last"
     Options = ChannelsLastOptions
-    version = "1"
+    version = "2"
     requires = frozenset({"aten"})
 
     def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
@@ -100,6 +113,18 @@ class ChannelsLast(Pass):
             context.note(f"convolutions kept in their layout: {layout.blocker.name} ({layout.blocker.target}) "
                          "depends on or rejects the layout its input would have")
             return graph
+        if self.options.decide == "measure":
+            verdict = _measured(convs)
+            if verdict is None:
+                context.note("convolutions kept in their layout: a size has no value to time it at")
+                return graph
+            as_is, channels_last, distinct = verdict
+            timed = (f"{distinct} distinct convolution(s) timed: {as_is * 1e3:.3f} ms as they are, "
+                     f"{channels_last * 1e3:.3f} ms channels-last")
+            if channels_last > (1.0 - self.options.min_gain) * as_is:
+                context.note(f"convolutions kept in their layout: {timed}")
+                return graph
+            context.note(timed)
         counts = layout.apply(graph.graph)
         context.note(f"{len(convs)} convolution(s) channels-last: {counts[0]} layout copies, {counts[1]} view(s) "
                      f"through a contiguous copy, {counts[2]} output(s) restored")
@@ -183,6 +208,35 @@ class _Relayout:
         for node, value in self.values.items():
             node.meta["val"] = value
         return len(made), len(self.dense_views), restored
+
+
+def _measured(convs: list) -> tuple[float, float, int] | None:
+    """Seconds per call of the graph's convolutions as they are and channels-last (a weight that is
+    not channels-last already copied on every call, as the rewritten graph does), each distinct
+    convolution timed once on random inputs and counted as often as it occurs; and how many were
+    distinct. None when a size has no value to time at."""
+    distinct: dict = {}
+    for node in convs:
+        metas = [meta_of(a) for a in node.args[:3]]
+        if not all(m is None or isinstance(m, torch.Tensor) and timing.concrete(m) for m in metas):
+            return None
+        key = (tuple(None if m is None else (tuple(map(compat.size_hint, m.shape)), tuple(map(compat.size_hint,
+               m.stride())), m.dtype) for m in metas), repr(node.args[3:]))
+        distinct.setdefault(key, [node, 0])[1] += 1
+    as_is = channels_last = 0.0
+    for node, count in distinct.values():
+        device = meta_of(node.args[0]).device
+        x, w, *bias = (timing.random_like(meta_of(a), device) if a is not None else None for a in node.args[:3])
+        rest = node.args[3:]
+        x_cl = x.contiguous(memory_format=torch.channels_last)
+        conv = aten.convolution.default
+        as_is += count * timing.seconds_per_call(lambda: conv(x, w, *bias, *rest), device)
+        if _is_channels_last(w):
+            channels_last += count * timing.seconds_per_call(lambda: conv(x_cl, w, *bias, *rest), device)
+        else:       # the rewritten graph copies the weight on every call
+            channels_last += count * timing.seconds_per_call(
+                lambda: conv(x_cl, w.contiguous(memory_format=torch.channels_last), *bias, *rest), device)
+    return as_is, channels_last, len(distinct)
 
 
 def _clone(value: torch.Tensor, memory_format: torch.memory_format) -> torch.Tensor:

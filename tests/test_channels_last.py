@@ -12,7 +12,7 @@ from pipeline import compilation_of, compile_with_plan
 from pipeline.numerics import compare
 from pipeline.testing import assert_preserves_semantics
 
-ON_CPU = {"extends": "default", "options": {"channels-last": {"devices": ["cpu"]}}}
+ON_CPU = {"extends": "default", "options": {"channels-last": {"devices": ["cpu"], "decide": "always"}}}
 
 
 @pytest.fixture(autouse=True)
@@ -92,6 +92,60 @@ def test_a_channels_last_model_is_left_as_it_is():
         assert compare(net(x), compiled(x)) is None
     (record,) = compilation_of(compiled).graphs
     assert not [n for n in record.notes if n["pass"] == "channels-last"]
+
+
+def _measured_notes(net: torch.nn.Module, x: torch.Tensor) -> list[str]:
+    compiled = compile_with_plan(net, {"extends": "default", "options": {"channels-last": {"devices": ["cpu"]}}},
+                                 report=True)
+    with torch.no_grad():
+        expected, actual = net(x), compiled(x)
+    assert compare(expected, actual) is None and actual.stride() == expected.stride()
+    (record,) = compilation_of(compiled).graphs
+    return [n["message"] for n in record.notes if n["pass"] == "channels-last"]
+
+
+def _mobile_unit() -> torch.nn.Module:
+    """1x1 expand, 3x3 depthwise, 1x1 project, and the same again: four distinct convolutions of six."""
+    unit = [Block(16, 64, 1, 1, "batch", False), Block(64, 64, 3, 1, "batch", True),
+            Block(64, 16, 1, 1, "batch", False)]
+    return _net(unit + [Block(16, 64, 1, 1, "batch", False), Block(64, 64, 3, 1, "batch", True),
+                        Block(64, 24, 1, 1, "batch", False)], "none").eval()
+
+
+@pytest.mark.parametrize("as_is, channels_last, converted", [(1.0, 2.0, False), (1.0, 0.97, False),
+                                                              (1.0, 0.9, True)])
+def test_measured_convolutions_decide_the_layout(monkeypatch, as_is, channels_last, converted):
+    import passes.channels_last as module
+    monkeypatch.setattr(module, "_measured", lambda convs: (as_is * 1e-3, channels_last * 1e-3, 4))
+    notes = _measured_notes(_mobile_unit(), torch.randn(1, 16, 6, 6))
+    timed = f"4 distinct convolution(s) timed: {as_is:.3f} ms as they are, {channels_last:.3f} ms channels-last"
+    if converted:
+        assert notes == [timed, "6 convolution(s) channels-last: 1 layout copies, 0 view(s) through a contiguous "
+                                "copy, 1 output(s) restored"]
+    else:
+        assert notes == [f"convolutions kept in their layout: {timed}"]
+
+
+def test_distinct_convolutions_are_timed_once_each_on_real_tensors():
+    from passes.channels_last import _measured
+    from pipeline.testing import prelude_for, run_passes
+
+    conv = torch.ops.aten.convolution.default
+
+    def fn(x, expand, depthwise, project):
+        y = conv(x, expand, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1).relu()
+        y = conv(y, depthwise, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 64).relu()
+        z = conv(x, expand, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1)     # the first one again
+        return conv(y + z, project, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+
+    inputs = [torch.randn(1, 16, 6, 6), torch.randn(64, 16, 1, 1), torch.randn(64, 1, 3, 3),
+              torch.randn(16, 64, 1, 1)]
+    layout = ChannelsLast(ChannelsLastOptions(devices=["cpu"]))
+    graph = run_passes(prelude_for(layout), torch.fx.symbolic_trace(fn), inputs)
+    convs = [n for n in graph.graph.nodes if n.target is conv]
+    as_is, channels_last, distinct = _measured(convs)
+    assert (len(convs), distinct) == (4, 3)
+    assert 0 < as_is < 1 and 0 < channels_last < 1
 
 
 def test_narrow_convolutions_keep_their_layout():

@@ -354,7 +354,7 @@ def decide(site: Site, configs: list[TemplateConfig], sources: list[TritonSource
         return None, f"extern kept ({times}; cached decision)"
     from triton.testing import do_bench
 
-    from passes.codegen.triton.autotune import random_like
+    from passes.timing import random_like
     start = time.perf_counter()
     outputs = _group_outputs(site.group)
     timings: list[dict] = []

@@ -25,22 +25,10 @@ import attrs
 import torch
 
 from passes.kernel_ir.loops import LoopNest
+from passes.timing import random_like
 
 from .blocks import Blocks, choose_blocks, nest_is_reduction, next_pow2
 from .source import TritonSource, kernel_source
-
-
-def random_like(meta: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A tensor with ``meta``'s shape, strides and dtype on ``device``, filled with random values
-    in a safe range (so no candidate is timed on denormals or NaNs)."""
-    out = torch.empty_strided(tuple(meta.shape), tuple(meta.stride()), dtype=meta.dtype, device=device)
-    if meta.dtype.is_floating_point:
-        out.uniform_(-1.0, 1.0)
-    elif meta.dtype == torch.bool:
-        out.copy_(torch.rand(out.shape, device=device) > 0.5)
-    else:
-        out.random_(0, 16)
-    return out
 
 
 def _key(default_source: str, name: str, candidates: list[Blocks], device: torch.device) -> str:
