@@ -49,6 +49,19 @@ def test_folded_views_are_cheap_aliases_with_the_right_offsets():
     assert code.count("reinterpret_tensor(") >= 3 and "= aten_as_strided(" not in code
 
 
+def test_an_as_strided_without_an_offset_of_a_computed_tensor_is_a_cheap_alias():
+    """``as_strided(t, size, stride)`` keeps ``t``'s own storage offset: a reinterpret_tensor call
+    with no offset added, also when ``t`` is a slice of a kernel's result."""
+    def f(x):
+        y = (x * 2).relu()[1:]
+        return torch.as_strided(y, (3, 4), (1, 3)) + 1, torch.as_strided(y.sin(), (2, 2), (2, 1))
+
+    x = torch.randn(5, 6)
+    out, record = run(f, (x,))
+    assert compare(f(x), out) is None
+    assert "= aten_as_strided(" not in record.final_code
+
+
 def test_views_of_graph_inputs_are_not_folded():
     def f(x):
         return x.view(4, 8).permute(1, 0).relu()

@@ -247,16 +247,18 @@ def _alias_of_fresh_tensor(node: torch.fx.Node, emitter: _Emitter) -> str | None
     of ``reinterpret_tensor``: the same alias at half the cost per call. The graph runs inside
     compiled code, where no autograd view tracking is needed (AOTAutograd's compiled forward and
     backward run without grad; inference graphs take no input that requires grad)."""
-    if node.target is not aten.as_strided.default or node.kwargs or len(node.args) != 4:
+    if node.target is not aten.as_strided.default or node.kwargs or len(node.args) not in (3, 4):
         return None
     base = node.args[0]
     reinterpret = compat.reinterpret_tensor()
     if reinterpret is None or not isinstance(base, torch.fx.Node) or not fresh(base):
         return None
-    size, stride, offset = node.args[1:]
+    size, stride, offset = (*node.args[1:], None)[:3]
+    function = emitter.bind(reinterpret, "reinterpret_tensor")
+    if offset is None:              # as_strided keeps the base's own storage offset
+        return emitter.call(function, (base, size, stride, 0), {})
     if not isinstance(offset, int):
         return None
-    function = emitter.bind(reinterpret, "reinterpret_tensor")
     if base.meta.get("val") is None:
         # A graph rebuilt from the compile cache has no example values: read the base's storage
         # offset at run time (a fresh tensor carries no lazy conjugate or negation bit).
