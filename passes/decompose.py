@@ -62,6 +62,11 @@ class DecomposeOptions:
         "Triton reduction with its normalized output (two passes, so never split) computes with one "
         "program per few channels.",
         check=_known_ops_on)
+    one_pixel_convs_as_linear: bool = option(
+        True, "A 1x1 convolution of a 1x1 image (a squeeze-and-excitation layer, a pooled head) is a matrix "
+              "product: linear(x.reshape(N, C), weight.reshape(O, C), bias), reshaped back. oneDNN and cuDNN "
+              "spend most of such a call preparing the weight; a GEMM reads it as it is (and pack-weights can "
+              "keep it packed).", tune=(True, False))
 
 
 class Decompose(Pass):
@@ -69,7 +74,7 @@ class Decompose(Pass):
 
     name = "decompose"
     Options = DecomposeOptions
-    version = "3"
+    version = "4"
     requires = frozenset({"aten"})
     provides = frozenset({"decomposed"})
 
@@ -99,6 +104,8 @@ class Decompose(Pass):
         for overload, devices in kept_on.items():
             if overload in table:
                 table[overload] = _unless_on(table[overload], frozenset(devices))
+        if opts.one_pixel_convs_as_linear and aten.convolution.default not in table:
+            table[aten.convolution.default] = one_pixel_convolution_as_linear
         return table
 
     def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
@@ -160,6 +167,21 @@ def _unless_on(decomposition, devices: frozenset):
             return NotImplemented
         return decomposition(*args, **kwargs)
     return decompose_unless_kept
+
+
+def one_pixel_convolution_as_linear(x, weight, bias, stride, padding, dilation, transposed, output_padding,
+                                    groups):
+    """A 2-D 1x1 convolution (groups 1, no padding) of a 1x1 image as a linear layer on the
+    ``[N, C]`` matrix of its pixels; ``NotImplemented`` (left as it is) for any other convolution."""
+    if transposed or groups != 1 or x.dim() != 4 or weight.dim() != 4 or any(p != 0 for p in padding):
+        return NotImplemented
+    if not (weight.shape[2] == 1 and weight.shape[3] == 1 and x.shape[2] == 1 and x.shape[3] == 1):
+        return NotImplemented
+    batch, channels, out = x.shape[0], x.shape[1], weight.shape[0]
+    matrix = aten.t.default(aten.reshape.default(weight, [out, channels]))
+    pixels = aten.reshape.default(x, [batch, channels])
+    product = aten.mm.default(pixels, matrix) if bias is None else aten.addmm.default(bias, pixels, matrix)
+    return aten.reshape.default(product, [batch, out, 1, 1])
 
 
 def _device_type(values: list) -> str | None:
