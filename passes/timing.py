@@ -32,26 +32,35 @@ def concrete(meta: Any) -> bool:
     return all(compat.size_hint(s) is not None for s in (*meta.shape, *meta.stride()))
 
 
-def seconds_per_call(call: Callable[[], Any], device: torch.device, *, sample: float = 0.002,
-                     samples: int = 3, most_calls: int = 100) -> float:
-    """The fastest of ``samples`` samples of ``call``'s time per call, each sample of as many calls as
-    fill about ``sample`` seconds (at least one, at most ``most_calls``), after one untimed call."""
+def fastest_per_call(calls: list[Callable[[], Any]], device: torch.device, *, sample: float = 0.001,
+                     rounds: int = 5, most_calls: int = 100) -> list[float]:
+    """Seconds per call of each of ``calls``: the fastest of ``rounds`` samples, each of as many calls as
+    fill about ``sample`` seconds (at least one, at most ``most_calls``). The calls are timed in turn
+    within each round, in an order reversed every other round, so a burst of load on a shared host
+    slows all of them alike instead of one; the fastest sample is the one least disturbed. Each sample
+    follows one untimed call, so no call is timed cold from the switch (caches, a library's
+    per-layout state) that the call before it made."""
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    call()
-    sync()
-    start = time.perf_counter()
-    call()
-    sync()
-    first = time.perf_counter() - start
-    calls = max(1, min(most_calls, int(sample / max(first, 1e-7))))
-    best = first
-    for _ in range(samples):
-        start = time.perf_counter()
-        for _ in range(calls):
-            call()
+    counts = []
+    for call in calls:
+        call()
         sync()
-        best = min(best, (time.perf_counter() - start) / calls)
+        start = time.perf_counter()
+        call()
+        sync()
+        counts.append(max(1, min(most_calls, int(sample / max(time.perf_counter() - start, 1e-7)))))
+    best = [float("inf")] * len(calls)
+    order = list(range(len(calls)))
+    for round_ in range(rounds):
+        for i in (order if round_ % 2 == 0 else order[::-1]):
+            calls[i]()                  # untimed: what the call before it left cold is warmed again
+            sync()
+            start = time.perf_counter()
+            for _ in range(counts[i]):
+                calls[i]()
+            sync()
+            best[i] = min(best[i], (time.perf_counter() - start) / counts[i])
     return best

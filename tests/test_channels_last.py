@@ -187,3 +187,12 @@ def test_a_cpp_kernel_writing_channels_last_loops_over_channels_innermost():
     assert compare(fn(x), out) is None and out.stride() == fn(x).stride()
     (source,) = [k["source"] for g in compile_report(compiled)["graphs"] for k in g["kernels"]]
     assert "i2 < INT64_C(24)" in source and "o / INT64_C(35)" in source
+
+
+def test_calls_are_timed_in_turn_each_per_call():
+    import time
+
+    from passes.timing import fastest_per_call
+
+    slow, fast = fastest_per_call([lambda: time.sleep(0.002), lambda: None], torch.device("cpu"), rounds=3)
+    assert 0.002 <= slow < 0.05 and fast < 0.0005
