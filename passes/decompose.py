@@ -4,7 +4,9 @@
 ``custom`` means exactly the ops listed in ``add``. ``keep`` removes ops from the table (they stay
 as they are, e.g. ``aten.addmm`` for an extern matmul); ``add`` adds ops from torch's registry.
 ``keep_on`` keeps ops per device type: their decomposition still applies to calls on other
-devices (a call's device is its first tensor argument's)."""
+devices (a call's device is its first tensor argument's). With the core-ATen table,
+``one_pixel_convs_as_linear`` adds the project's own rule for convolutions: a 1x1 convolution of a
+1x1 image becomes a linear layer, any other stays a convolution."""
 from __future__ import annotations
 
 import difflib
@@ -63,7 +65,8 @@ class DecomposeOptions:
         "program per few channels.",
         check=_known_ops_on)
     one_pixel_convs_as_linear: bool = option(
-        True, "A 1x1 convolution of a 1x1 image (a squeeze-and-excitation layer, a pooled head) is a matrix "
+        True, "With the core-aten table: a 1x1 convolution of a 1x1 image (a squeeze-and-excitation layer, a "
+              "pooled head) is a matrix "
               "product: linear(x.reshape(N, C), weight.reshape(O, C), bias), reshaped back. oneDNN and cuDNN "
               "spend most of such a call preparing the weight; a GEMM reads it as it is (and pack-weights can "
               "keep it packed).", tune=(True, False))
@@ -104,7 +107,7 @@ class Decompose(Pass):
         for overload, devices in kept_on.items():
             if overload in table:
                 table[overload] = _unless_on(table[overload], frozenset(devices))
-        if opts.one_pixel_convs_as_linear and aten.convolution.default not in table:
+        if opts.table == "core-aten" and opts.one_pixel_convs_as_linear and aten.convolution.default not in table:
             table[aten.convolution.default] = one_pixel_convolution_as_linear
         return table
 

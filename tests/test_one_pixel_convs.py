@@ -53,7 +53,7 @@ def one_pixel_cases(draw):
 @given(one_pixel_cases())
 def test_the_rewrite_preserves_semantics(case):
     fn, inputs = case
-    assert_preserves_semantics(Decompose(DecomposeOptions(table="none")), fn, inputs)
+    assert_preserves_semantics(Decompose(DecomposeOptions()), fn, inputs)
 
 
 def test_squeeze_and_excitation_convolutions_become_linear_layers_and_the_body_stays_a_convolution():
