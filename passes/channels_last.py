@@ -220,8 +220,7 @@ def _measured(convs: list) -> tuple[float, float, int] | None:
         metas = [meta_of(a) for a in node.args[:3]]
         if not all(m is None or isinstance(m, torch.Tensor) and timing.concrete(m) for m in metas):
             return None
-        key = (tuple(None if m is None else (tuple(map(compat.size_hint, m.shape)), tuple(map(compat.size_hint,
-               m.stride())), m.dtype) for m in metas), repr(node.args[3:]))
+        key = (tuple(_signature(m) for m in metas), repr(node.args[3:]))
         distinct.setdefault(key, [node, 0])[1] += 1
     as_is = channels_last = 0.0
     for node, count in distinct.values():
@@ -238,6 +237,13 @@ def _measured(convs: list) -> tuple[float, float, int] | None:
         as_is += count * kept
         channels_last += count * changed
     return as_is, channels_last, len(distinct)
+
+
+def _signature(meta: torch.Tensor | None) -> tuple | None:
+    """Shape, strides (at the values Dynamo saw for symbols) and dtype: what a timing depends on."""
+    if meta is None:
+        return None
+    return tuple(map(compat.size_hint, meta.shape)), tuple(map(compat.size_hint, meta.stride())), meta.dtype
 
 
 def _clone(value: torch.Tensor, memory_format: torch.memory_format) -> torch.Tensor:
