@@ -114,6 +114,7 @@ def test_a_bias_the_fused_kernels_would_refuse_gets_an_aligned_copy():
     assert aligned(torch.randn(2, 12, 64, 64)) and aligned(torch.randn(2, 1, 1, 64).expand(2, 12, 64, 64))
     gm, made = _bias_graph(dense)
     assert align_extern_inputs(gm) == 1
+    gm.graph.lint()                                 # the copy's nodes come before their reader, in order
     attention = next(n for n in gm.graph.nodes if "efficient" in str(n.target))
     copy = attention.args[3]
     assert copy is not made and aligned(copy.meta["val"])
@@ -133,3 +134,41 @@ def test_a_bias_the_fused_kernels_would_refuse_gets_an_aligned_copy():
     assert aligned(copy) and copy.stride(1) == 0
     gm, _ = _bias_graph(torch.randn(2, 1, 64, 64).expand(2, 12, 64, 64))
     assert align_extern_inputs(gm) == 0             # already aligned: no copy
+
+
+def test_a_bias_of_symbolic_length_gets_a_copy_padded_by_the_length_it_is_called_with():
+    """A key-padding bias over a symbolic sequence length (a dynamic encoder: ``[b, 1, 1, s]``
+    broadcast to ``[b, h, s, s]``; its batch stride ``s`` is aligned for some lengths only): the
+    padding is computed from the size at the call, and the copy's nodes run on real tensors of
+    lengths that need padding and lengths that do not."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+    from passes.codegen.extern_layouts import align_extern_inputs, aligned
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    dynamic = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.STATIC] * 3 + [DimDynamic.DYNAMIC])
+    row = mode.from_tensor(torch.randn(2, 1, 1, 40), symbolic_context=dynamic)
+    length = row.shape[-1]
+    assert isinstance(length, torch.SymInt)
+    graph = torch.fx.Graph()
+    q, k, v, b = (graph.placeholder(n) for n in "qkvb")
+    attention = graph.call_function(torch.ops.aten._scaled_dot_product_efficient_attention.default,
+                                    (q, k, v, b, False))
+    graph.output(attention)
+    with mode:
+        qkv = torch.empty(2, 12, length, 64)
+        b.meta["val"] = row.expand(2, 12, length, length)
+    for node in (q, k, v):
+        node.meta["val"] = qkv
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    assert align_extern_inputs(gm) == 1
+    gm.graph.lint()
+    copy = attention.args[3]
+    assert copy.meta["val"].shape == b.meta["val"].shape
+    for size in (1, 37, 48):                        # padded to 16, 48; none needed
+        bias = torch.randn(2, 1, 1, size).expand(2, 12, size, size)
+        values = {b: bias}
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and node is not attention:
+                args = torch.fx.node.map_arg(node.args, values.__getitem__)
+                values[node] = node.target(*args)
+        assert torch.equal(values[copy], bias) and aligned(values[copy]) and values[copy].stride(1) == 0

@@ -13,9 +13,12 @@ to write the mask into a dense buffer of its own, which at short sequences (one 
 broadcast axes narrowed to one element, the last axis padded to :data:`ALIGNMENT` elements and
 sliced back, the broadcast restored by ``expand`` (stride 0 again). The copy is one small ATen
 call, made only where the layout needs it; a stride with symbolic sizes counts as aligned only
-where it is a multiple of the alignment for every value of its symbols.
+where it is a multiple of the alignment for every value of its symbols, and the padding of a
+symbolic last axis is computed from the size the call sees.
 """
 from __future__ import annotations
+
+import operator
 
 import sympy
 import torch
@@ -28,8 +31,8 @@ aten = torch.ops.aten
 
 ALIGNMENT = 16          # elements: a multiple of the 8 (16-bit) or 4 (32-bit) the kernels check
 
-#: operator -> positions of the arguments whose every stride but the last must be a multiple of
-#: ALIGNMENT (or 0, a broadcast), with a unit last stride
+#: operator -> positions (or keyword names) of the arguments whose every stride but the last must
+#: be a multiple of ALIGNMENT (or 0, a broadcast), with a unit last stride
 ALIGNED_INPUTS: dict = {
     aten._scaled_dot_product_efficient_attention.default: (3,),
     aten._scaled_dot_product_efficient_attention_backward.default: (4,),
@@ -61,19 +64,41 @@ def _call(graph: torch.fx.Graph, target, args: tuple) -> torch.fx.Node:
     return node
 
 
+def _size(graph: torch.fx.Graph, source: torch.fx.Node, value: torch.Tensor, dim: int) -> int | torch.fx.Node:
+    """Axis ``dim`` of ``source``: an int, or a node reading a symbolic size from the tensor."""
+    size = value.shape[dim]
+    return size if type(size) is int else _call(graph, aten.sym_size.int, (source, dim))
+
+
+def _padded(graph: torch.fx.Graph, node: torch.fx.Node, amount: int | torch.fx.Node) -> torch.fx.Node:
+    """``node`` with ``amount`` zeros appended to its last axis (a new contiguous tensor). With a
+    symbolic amount the example value is made from the shape: ATen's ``constant_pad_nd`` takes
+    no symbolic padding under a fake mode."""
+    if type(amount) is int:
+        return _call(graph, aten.constant_pad_nd.default, (node, [0, amount], 0.0))
+    padded = graph.call_function(aten.constant_pad_nd.default, (node, [0, amount], 0.0))
+    value = meta_of(node)
+    padded.meta["val"] = value.new_empty([*value.shape[:-1], value.shape[-1] + amount.meta["val"]])
+    return padded
+
+
 def _aligned_copy(graph: torch.fx.Graph, source: torch.fx.Node, value: torch.Tensor) -> torch.fx.Node:
-    """Nodes computing ``source`` in an aligned layout (see the module docstring)."""
+    """Nodes computing ``source`` in an aligned layout (see the module docstring); symbolic sizes
+    are read from ``source`` in the graph."""
     shape = list(value.shape)
     node = source
     broadcast = [d for d, (size, step) in enumerate(zip(shape, value.stride())) if step == 0 and size != 1]
     for dim in broadcast:
         node = _call(graph, aten.slice.Tensor, (node, dim, 0, 1))
-    last = shape[-1]
-    padded = -(-last // ALIGNMENT) * ALIGNMENT
-    node = _call(graph, aten.constant_pad_nd.default, (node, [0, padded - last], 0.0))
-    node = _call(graph, aten.slice.Tensor, (node, -1, 0, last))
+    last = _size(graph, source, value, len(shape) - 1)
+    if type(last) is int:
+        amount = -last % ALIGNMENT
+    else:           # the same arithmetic on the size the call sees
+        amount = _call(graph, operator.mod, (_call(graph, operator.neg, (last,)), ALIGNMENT))
+    node = _call(graph, aten.slice.Tensor, (_padded(graph, node, amount), -1, 0, last))
     if broadcast:
-        node = _call(graph, aten.expand.default, (node, shape))
+        sizes = [_size(graph, source, value, d) if d in broadcast else -1 for d in range(len(shape))]
+        node = _call(graph, aten.expand.default, (node, sizes))
     return node
 
 
@@ -86,17 +111,21 @@ def align_extern_inputs(gm: torch.fx.GraphModule) -> int:
         positions = ALIGNED_INPUTS.get(node.target) if node.op == "call_function" else None
         if not positions:
             continue
-        args = list(node.args)
+        args, kwargs = list(node.args), dict(node.kwargs)
         for position in positions:
-            source = args[position] if position < len(args) else None
+            given = kwargs if isinstance(position, str) else args
+            if isinstance(position, str):
+                source = kwargs.get(position)
+            else:
+                source = args[position] if position < len(args) else None
             value = meta_of(source) if isinstance(source, torch.fx.Node) else None
             if not isinstance(value, torch.Tensor) or value.dim() == 0 or aligned(value):
                 continue
-            if source not in made:
-                with graph.inserting_after(source):
+            if source not in made:     # before its first reader: the nodes keep their order
+                with graph.inserting_before(node):
                     made[source] = _aligned_copy(graph, source, value)
-            args[position] = made[source]
-        node.args = tuple(args)
+            given[position] = made[source]
+        node.args, node.kwargs = tuple(args), kwargs
     if made:
         gm.recompile()
     return len(made)
