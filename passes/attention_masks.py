@@ -8,11 +8,21 @@ wav2vec2 are, strides ``(0, q, 1, 0)``, where eagerly the fused kernel runs) sen
 math path: two float32 batched matmuls and a softmax per layer. :func:`dense_attention_masks` makes such a mask
 dense once (``contiguous``), shared by every attention call that reads it, so tracing keeps the fused
 kernel.
+
+Some of those masks hide nothing: built from index ramps alone (no input), they let every query
+see every key, and the call is the same without them. :func:`drop_full_attention_masks`
+evaluates such a mask once when the graph is captured and, where it is all True (all zero for an
+additive mask), calls attention without it: the fused kernels without a mask (flash attention)
+are the fastest, and no mask is read per layer.
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.fx
+
+from pipeline import compat
 
 SDPA = torch.nn.functional.scaled_dot_product_attention
 
@@ -24,6 +34,88 @@ def _mask_of(node: torch.fx.Node) -> tuple[torch.fx.Node | None, str | int | Non
     if len(node.args) > 3:
         return node.args[3], 3
     return None, None
+
+
+#: Most nodes a mask may be computed from for drop_full_attention_masks to evaluate it.
+MAX_MASK_NODES = 64
+
+#: Tensor methods that draw random numbers (a mask using one is never evaluated at capture).
+RANDOM_METHODS = frozenset({"bernoulli", "bernoulli_", "uniform_", "normal_", "random_", "exponential_",
+                            "geometric_", "cauchy_", "log_normal_"})
+
+
+def _inputless(mask: torch.fx.Node) -> list[torch.fx.Node] | None:
+    """The nodes ``mask`` is computed from, in graph order, when none is an input (placeholder)
+    or random and there are at most :data:`MAX_MASK_NODES`; else None."""
+    seen: set = set()
+    stack = [mask]
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if len(seen) > MAX_MASK_NODES or node.op not in ("call_function", "call_method", "get_attr"):
+            return None
+        if node.op == "call_function" and compat.is_nondeterministic(node.target):
+            return None
+        if node.op == "call_method" and node.target in RANDOM_METHODS:
+            return None
+        stack.extend(node.all_input_nodes)
+    return [n for n in mask.graph.nodes if n in seen]
+
+
+def _evaluated(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> object:
+    """The value of the last of ``nodes`` (see :func:`_inputless`), computed on real tensors."""
+    values: dict = {}
+    with compat.real_tensors(), torch.no_grad():
+        for node in nodes:
+            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), values.__getitem__)
+            if node.op == "get_attr":
+                values[node] = operator.attrgetter(node.target)(gm)
+            elif node.op == "call_method":
+                values[node] = getattr(args[0], node.target)(*args[1:], **kwargs)
+            else:
+                values[node] = node.target(*args, **kwargs)
+    return values[nodes[-1]]
+
+
+def _hides_nothing(value: object) -> bool:
+    if not isinstance(value, torch.Tensor) or compat.is_fake(value):
+        return False
+    return bool(value.all()) if value.dtype == torch.bool else bool((value == 0).all())
+
+
+def drop_full_attention_masks(gm: torch.fx.GraphModule, devices: list[str]) -> int:
+    """Call every ``scaled_dot_product_attention`` in ``gm`` (a torch-level graph whose nodes carry
+    Dynamo's ``example_value``) on one of ``devices`` without its mask where the mask is computed
+    from no input and hides nothing (see the module docstring); the mask's nodes nothing else
+    reads are removed. Returns how many calls lost their mask."""
+    verdicts: dict[torch.fx.Node, list | None] = {}
+    dropped = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not SDPA:
+            continue
+        mask, where = _mask_of(node)
+        value = mask.meta.get("example_value") if isinstance(mask, torch.fx.Node) else None
+        if not isinstance(value, torch.Tensor) or value.device.type not in devices:
+            continue
+        if mask not in verdicts:
+            nodes = _inputless(mask)
+            verdicts[mask] = nodes if nodes is not None and _hides_nothing(_evaluated(gm, nodes)) else None
+        if verdicts[mask] is None:
+            continue
+        if where == "attn_mask":
+            node.kwargs = {k: v for k, v in node.kwargs.items() if k != "attn_mask"}
+        else:
+            node.args = node.args[:3] + (None,) + node.args[4:]
+        dropped += 1
+    for nodes in verdicts.values():
+        for node in reversed(nodes or []):
+            if not node.users:
+                gm.graph.erase_node(node)
+    if dropped:
+        gm.recompile()
+    return dropped
 
 
 def _needs_dense(value: object, devices: list[str]) -> bool:

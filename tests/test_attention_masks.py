@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from pipeline import compile_with_plan
 from pipeline.numerics import compare
-from passes.attention_masks import dense_attention_masks
+from passes.attention_masks import dense_attention_masks, drop_full_attention_masks
 
 PLAN = {"extends": "default", "options": {"capture": {"dense_attention_masks": ["cpu"]}}}
 
@@ -172,3 +172,59 @@ def test_a_bias_of_symbolic_length_gets_a_copy_padded_by_the_length_it_is_called
                 args = torch.fx.node.map_arg(node.args, values.__getitem__)
                 values[node] = node.target(*args)
         assert torch.equal(values[copy], bias) and aligned(values[copy]) and values[copy].stride(1) == 0
+
+
+def ramp_mask_attention(q, k, v, offset: int = 0, additive: bool = False):
+    """Attention with a mask built from index ramps alone, as transformers builds an encoder's mask
+    under tracing: ``key >= offset`` (hides nothing at offset 0)."""
+    keys = torch.arange(k.shape[2])
+    mask = (keys >= offset)[None, None, None, :].expand(q.shape[0], 1, q.shape[2], k.shape[2])
+    if additive:
+        mask = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def _masks_dropped(fn, *args, devices=("cpu",)) -> tuple[int, str]:
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(drop_full_attention_masks(gm, list(devices)))
+        seen.append(gm.code)
+        return gm.forward
+
+    compiled = torch.compile(fn, backend=backend)
+    assert compare(fn(*args), compiled(*args)) is None
+    return seen[0], seen[1]
+
+
+@pytest.mark.parametrize("additive", [False, True])
+def test_a_mask_from_ramps_alone_that_hides_nothing_is_dropped(additive):
+    q, k, v, _ = inputs(2, 9)
+    dropped, code = _masks_dropped(lambda q, k, v: ramp_mask_attention(q, k, v, 0, additive), q, k, v)
+    assert dropped == 1 and "attn_mask" not in code and "arange" not in code     # its nodes are gone too
+
+
+def test_masks_that_hide_keys_read_inputs_or_sit_on_other_devices_are_kept():
+    q, k, v, keep = inputs(2, 9)
+    assert _masks_dropped(lambda q, k, v: ramp_mask_attention(q, k, v, 3), q, k, v)[0] == 0
+    assert _masks_dropped(encoder_attention, q, k, v, keep)[0] == 0       # from an input, though all True
+    assert _masks_dropped(lambda q, k, v: ramp_mask_attention(q, k, v, 0), q, k, v, devices=("cuda",))[0] == 0
+
+    def random_mask(q, k, v):         # all True at this seed, but drawn anew every call
+        mask = torch.rand(q.shape[0], 1, q.shape[2], k.shape[2]) >= 0.0
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(drop_full_attention_masks(gm, ["cpu"]))
+        return gm.forward
+    torch.compile(random_mask, backend=backend)(q, k, v)
+    assert seen == [0]
+
+
+@pytest.mark.parametrize("length", [5, 16])
+def test_compiled_attention_without_its_full_mask_matches_eager(length):
+    compiled = compile_with_plan(ramp_mask_attention, "default")
+    q, k, v, _ = inputs(2, length)
+    with torch.no_grad():
+        assert compare(ramp_mask_attention(q, k, v), compiled(q, k, v)) is None
