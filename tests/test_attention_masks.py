@@ -228,3 +228,30 @@ def test_compiled_attention_without_its_full_mask_matches_eager(length):
     q, k, v, _ = inputs(2, length)
     with torch.no_grad():
         assert compare(ramp_mask_attention(q, k, v), compiled(q, k, v)) is None
+
+
+def test_a_dynamic_encoder_runs_with_aligned_bias_copies_at_every_length(monkeypatch):
+    """The aligned copies end to end on the CPU host: CPU flash attention's mask registered as one
+    needing the aligned layout (the copy is exact, so results must not change), an encoder with a
+    key-padding mask compiled with a dynamic length. The generated host code computes each copy's
+    padding from the length of the call (lengths that need padding and lengths that do not)."""
+    from passes.codegen import extern_layouts
+    from pipeline import compilation_of
+    monkeypatch.setitem(extern_layouts.ALIGNED_INPUTS,
+                        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, ("attn_mask",))
+
+    def encoder(x, lengths):
+        mask = torch.arange(x.shape[2])[None, :] >= lengths[:, None]
+        bias = torch.zeros(x.shape[0], 1, 1, x.shape[2]).masked_fill(mask[:, None, None, :], float("-inf"))
+        hidden = F.scaled_dot_product_attention(x, x, x, attn_mask=bias)
+        return F.scaled_dot_product_attention(hidden, x, x, attn_mask=bias) + 1
+
+    compiled = compile_with_plan(encoder, "default")
+    with torch.no_grad():
+        for length in (16, 21, 32, 37):
+            x = torch.randn(2, 3, length, 8)
+            lengths = torch.tensor([length, length // 2 + 1])
+            assert compare(encoder(x, lengths), compiled(x, lengths)) is None
+    graphs = compilation_of(compiled).graphs
+    assert len(graphs) == 2 and "sym_size" in graphs[-1].final_code
+    assert any("aligned layout" in note["message"] for note in graphs[-1].notes)
