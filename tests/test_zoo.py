@@ -173,3 +173,56 @@ def test_a_model_whose_retry_alone_the_budget_never_reached_keeps_its_first_atte
         assert record["variants"]["ours-default"]["ms"] == 1.0
     page = markdown(result, summarize(result))
     assert "first attempt, beside other model processes" in page
+
+
+def test_a_model_out_of_memory_beside_others_runs_again_next_alone_and_families_take_turns(tmp_path, monkeypatch):
+    """Models start taking the families in turn; one that ran out of device memory beside another
+    process is run again before the models still queued, with no other process running."""
+    import json
+    from zoo import runner
+
+    running: list = []
+    log: list = []              # (model, the models running when it started)
+    attempts: dict = {}
+
+    class Process:
+        returncode = 0
+
+        def __init__(self, name):
+            self.name, self.started = name, time.perf_counter()
+
+        def poll(self):
+            if time.perf_counter() - self.started < 0.3:
+                return None
+            if self in running:
+                running.remove(self)
+            return 0
+
+        def kill(self):
+            pass
+
+        def wait(self):
+            return 0
+
+    def spawn(model, mode, args, work, *, warm=False):
+        attempts[model.name] = attempts.get(model.name, 0) + 1
+        out_of_memory = model.name == "llama" and attempts[model.name] == 1
+        ours = {"status": "error", "error": "torch.OutOfMemoryError: CUDA out of memory"} if out_of_memory else \
+            {"status": "pass", "ms": 1.0, "cold_s": 1.0}
+        path = work / f"{model.name}-{mode}.json"
+        path.write_text(json.dumps({"model": model.name, "family": model.family, "mode": mode, "variants": {
+            "eager": {"status": "pass", "ms": 2.0, "cold_s": 0.1}, "ours-default": ours}}))
+        log.append((model.name, sorted(p.name for p in running)))
+        process = Process(model.name)
+        running.append(process)
+        return process, path, open(work / f"{model.name}-{mode}.log", "w")
+
+    monkeypatch.setattr(runner, "_spawn", spawn)
+    args = runner.build_parser().parse_args(["--device", "cpu", "--models", "gpt2,llama,mistral,bert,resnet18",
+                                             "--mode", "inference", "--jobs", "2", "--work", str(tmp_path)])
+    result = runner.run_zoo(args)
+    assert log == [("gpt2", []), ("bert", ["gpt2"]), ("resnet18", []), ("llama", ["resnet18"]),
+                   ("llama", []), ("mistral", [])]      # families in turn; the retry next, alone
+    records = {r["model"]: r for r in result["records"]}
+    assert set(records) == {"gpt2", "llama", "mistral", "bert", "resnet18"}
+    assert records["llama"]["variants"]["ours-default"]["status"] == "pass"

@@ -299,8 +299,10 @@ def _spawn(model: zoo.ZooModel, mode: str, args: argparse.Namespace, work: Path,
 def run_zoo(args: argparse.Namespace, written: Callable[[dict], None] = lambda result: None) -> dict:
     """Every selected model in its own process, ``--jobs`` at a time; returns the whole result.
     ``written`` gets the result so far after each model (so a run stopped early keeps what it
-    measured). With ``--budget``, no model starts after that many seconds, and models still
-    running at the budget plus ``--grace`` seconds are stopped and reported as unfinished."""
+    measured). Models are started taking the families in turn (:func:`_interleaved`); a model
+    that ran out of device memory beside other model processes runs again next, alone. With
+    ``--budget``, no model starts after that many seconds, and models still running at the budget
+    plus ``--grace`` seconds are stopped and reported as unfinished."""
     tasks = _tasks(args)
     work = Path(args.work or tempfile.mkdtemp(prefix="zoo-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -312,7 +314,7 @@ def run_zoo(args: argparse.Namespace, written: Callable[[dict], None] = lambda r
 
     def finish(item: tuple) -> None:
         nonlocal done
-        (model, mode, warm), (process, path, log), t0 = item
+        (model, mode, warm, _), (process, path, log), t0 = item
         log.close()
         if path.exists():
             record = json.loads(path.read_text())
@@ -335,27 +337,14 @@ def run_zoo(args: argparse.Namespace, written: Callable[[dict], None] = lambda r
                 "commit": _commit(), "torch": torch.__version__, "size": args.size, "jobs": args.jobs,
                 "rounds": args.rounds, "iters": args.iters, "records": records}
 
-    queue = [(m, mode, False) for m, mode in pending]
+    queue = [(m, mode, False, False) for m, mode in _interleaved(pending)]   # (model, mode, warm, alone)
     retried: set[tuple[str, str]] = set()
     first_attempts: dict[tuple[str, str], dict] = {}    # kept until the retry alone replaces them
-    jobs = args.jobs
-    while True:
-        if not queue and not running:
-            # A model whose variant ran out of device memory beside others runs again alone.
-            again = [(r["model"], r["mode"]) for r in records
-                     if jobs > 1 and _out_of_memory(r) and (r["model"], r["mode"]) not in retried]
-            if not again:
-                break
-            retried.update(again)
-            jobs = 1
-            first_attempts.update({(r["model"], r["mode"]): r for r in records if (r["model"], r["mode"]) in retried})
-            records[:] = [r for r in records if (r["model"], r["mode"]) not in retried]
-            done -= len(again)
-            queue = [(zoo.MODELS[name], mode, False) for name, mode in again]
+    while queue or running:
         elapsed = time.perf_counter() - started
         if args.budget and elapsed > args.budget:
             spent = f"the run's budget of {args.budget:.0f} s was spent"
-            for model, mode, warm in queue:
+            for model, mode, warm, _ in queue:
                 if warm:
                     continue
                 first = first_attempts.get((model.name, mode))
@@ -366,9 +355,15 @@ def run_zoo(args: argparse.Namespace, written: Callable[[dict], None] = lambda r
                     records.append({"model": model.name, "family": model.family, "mode": mode, "variants": {},
                                     "skipped": f"not started: {spent}"})
             queue = []
-        while queue and len(running) < jobs:
-            model, mode, warm = queue.pop(0)
-            running.append(((model, mode, warm), _spawn(model, mode, args, work, warm=warm), time.perf_counter()))
+        # A retry alone waits for the running processes and runs with none beside it.
+        while queue and len(running) < args.jobs and not any(item[0][3] for item in running):
+            if queue[0][3] and running:
+                break
+            task = queue.pop(0)
+            model, mode, warm, alone = task
+            running.append((task, _spawn(model, mode, args, work, warm=warm), time.perf_counter()))
+            if alone:
+                break
         for item in list(running):
             process = item[1][0]
             if process.poll() is None and args.budget and elapsed > args.budget + args.grace:
@@ -377,12 +372,34 @@ def run_zoo(args: argparse.Namespace, written: Callable[[dict], None] = lambda r
             if process.poll() is not None:
                 running.remove(item)
                 finish(item)
+                model, mode, warm, alone = item[0]
+                record = records[-1] if records and not warm else None
+                if (record is not None and record["model"] == model.name and args.jobs > 1 and not alone
+                        and _out_of_memory(record) and (model.name, mode) not in retried):
+                    # Out of device memory beside other model processes: run again alone, next.
+                    retried.add((model.name, mode))
+                    first_attempts[(model.name, mode)] = records.pop()
+                    done -= 1
+                    queue.insert(0, (model, mode, False, True))
                 written(result())
-                model, mode, warm = item[0]
                 if args.warm and not warm:
-                    queue.append((model, mode, True))
+                    queue.append((model, mode, True, False))
         time.sleep(0.2)
     return result()
+
+
+def _interleaved(tasks: list) -> list:
+    """``tasks`` taking the families in turn (each family's models in their order): the large
+    models of one family (the decoders) do not all run at once and exhaust the device's memory."""
+    by_family: dict = {}
+    for task in tasks:
+        by_family.setdefault(task[0].family, []).append(task)
+    out = []
+    while any(by_family.values()):
+        for family in by_family.values():
+            if family:
+                out.append(family.pop(0))
+    return out
 
 
 def _out_of_memory(record: dict) -> bool:
