@@ -9,11 +9,13 @@ math path: two float32 batched matmuls and a softmax per layer. :func:`dense_att
 dense once (``contiguous``), shared by every attention call that reads it, so tracing keeps the fused
 kernel.
 
-Some of those masks hide nothing: built from index ramps alone (no input), they let every query
-see every key, and the call is the same without them. :func:`drop_full_attention_masks`
-evaluates such a mask once when the graph is captured and, where it is all True (all zero for an
-additive mask), calls attention without it: the fused kernels without a mask (flash attention)
-are the fastest, and no mask is read per layer.
+Masks built from index ramps alone (no input) are constants of the graph, and most of them say
+something the call can say without a mask: ViT's hides nothing (every query sees every key), and
+a decoder's called without a padding mask is the causal pattern. :func:`constant_attention_masks`
+evaluates such a mask once when the graph is captured; one that hides nothing (all True, all zero
+when additive) is dropped, and one that is the causal pattern (query ``i`` sees keys ``0..i``, as
+``is_causal`` means) becomes ``is_causal=True``. The fused kernels then read no mask, and flash
+attention, the fastest, runs.
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ def _mask_of(node: torch.fx.Node) -> tuple[torch.fx.Node | None, str | int | Non
     return None, None
 
 
-#: Most nodes a mask may be computed from for drop_full_attention_masks to evaluate it.
+#: Most nodes a mask may be computed from for constant_attention_masks to evaluate it.
 MAX_MASK_NODES = 64
 
 #: Tensor methods that draw random numbers (a mask using one is never evaluated at capture).
@@ -79,43 +81,67 @@ def _evaluated(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> object:
     return values[nodes[-1]]
 
 
-def _hides_nothing(value: object) -> bool:
-    if not isinstance(value, torch.Tensor) or compat.is_fake(value):
-        return False
-    return bool(value.all()) if value.dtype == torch.bool else bool((value == 0).all())
+def _visible(value: object) -> torch.Tensor | None:
+    """Which keys each query sees under a mask value (True where visible); None for a value that
+    is not a real boolean or floating mask."""
+    if not isinstance(value, torch.Tensor) or compat.is_fake(value) or value.dim() < 2:
+        return None
+    if value.dtype == torch.bool:
+        return value
+    return value == 0 if value.is_floating_point() else None
 
 
-def drop_full_attention_masks(gm: torch.fx.GraphModule, devices: list[str]) -> int:
-    """Call every ``scaled_dot_product_attention`` in ``gm`` (a torch-level graph whose nodes carry
-    Dynamo's ``example_value``) on one of ``devices`` without its mask where the mask is computed
-    from no input and hides nothing (see the module docstring); the mask's nodes nothing else
-    reads are removed. Returns how many calls lost their mask."""
-    verdicts: dict[torch.fx.Node, list | None] = {}
-    dropped = 0
+def _constant_form(visible: torch.Tensor, queries: int, keys: int) -> str | None:
+    """"none" when every query sees every key, "causal" when query ``i`` sees exactly keys
+    ``0..i`` (``is_causal``'s top-left pattern), else None."""
+    try:
+        visible = torch.broadcast_to(visible, (*visible.shape[:-2], queries, keys))
+    except RuntimeError:
+        return None
+    if bool(visible.all()):
+        return "none"
+    causal = torch.ones(queries, keys, dtype=torch.bool, device=visible.device).tril()
+    return "causal" if bool((visible == causal).all()) else None
+
+
+def constant_attention_masks(gm: torch.fx.GraphModule, devices: list[str]) -> int:
+    """Rewrite every ``scaled_dot_product_attention`` in ``gm`` (a torch-level graph whose nodes
+    carry Dynamo's ``example_value``) on one of ``devices`` whose mask is computed from no input
+    and hides nothing (dropped) or is the causal pattern (``is_causal=True`` instead), see the
+    module docstring; the mask's nodes nothing else reads are removed. Returns how many calls
+    were rewritten."""
+    evaluated: dict[torch.fx.Node, torch.Tensor | None] = {}
+    made: list[torch.fx.Node] = []
+    rewritten = 0
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target is not SDPA:
+        if node.op != "call_function" or node.target is not SDPA or node.kwargs.get("is_causal"):
             continue
         mask, where = _mask_of(node)
         value = mask.meta.get("example_value") if isinstance(mask, torch.fx.Node) else None
-        if not isinstance(value, torch.Tensor) or value.device.type not in devices:
+        query, key = (a.meta.get("example_value") if isinstance(a, torch.fx.Node) else None for a in node.args[:2])
+        if not all(isinstance(v, torch.Tensor) for v in (value, query, key)) or value.device.type not in devices:
             continue
-        if mask not in verdicts:
+        if mask not in evaluated:
             nodes = _inputless(mask)
-            verdicts[mask] = nodes if nodes is not None and _hides_nothing(_evaluated(gm, nodes)) else None
-        if verdicts[mask] is None:
+            evaluated[mask] = _visible(_evaluated(gm, nodes)) if nodes is not None else None
+            made += nodes or []
+        if evaluated[mask] is None or len(node.args) > 5:     # dropout_p, is_causal given by position
             continue
-        if where == "attn_mask":
-            node.kwargs = {k: v for k, v in node.kwargs.items() if k != "attn_mask"}
-        else:
-            node.args = node.args[:3] + (None,) + node.args[4:]
-        dropped += 1
-    for nodes in verdicts.values():
-        for node in reversed(nodes or []):
-            if not node.users:
-                gm.graph.erase_node(node)
-    if dropped:
+        form = _constant_form(evaluated[mask], query.shape[-2], key.shape[-2])
+        if form is None:
+            continue
+        kwargs = {k: v for k, v in node.kwargs.items() if k != "attn_mask"}
+        if form == "causal":
+            kwargs["is_causal"] = True
+        node.args, node.kwargs = node.args[:3] + ((None,) if where == 3 else ()) + node.args[4:], kwargs
+        rewritten += 1
+    doomed = set(made)
+    for node in reversed(list(gm.graph.nodes)):
+        if node in doomed and not node.users:
+            gm.graph.erase_node(node)
+    if rewritten:
         gm.recompile()
-    return dropped
+    return rewritten
 
 
 def _needs_dense(value: object, devices: list[str]) -> bool:

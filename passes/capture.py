@@ -15,7 +15,7 @@ from pipeline import compat
 from pipeline.errors import GraphBreakError, PipelineError, RecompileError, did_you_mean
 
 from .attention_gqa import grouped_query_attention
-from .attention_masks import dense_attention_masks, drop_full_attention_masks
+from .attention_masks import constant_attention_masks, dense_attention_masks
 from .capture_checks import EagerRejected, eager_rejection
 from .regions import with_own_code
 
@@ -87,11 +87,11 @@ class CaptureOptions:
                   "to ATen: the fused attention kernels need a unit stride there, and tracing otherwise picks "
                   "the float32 math path (passes/attention_masks.py). [] keeps every mask as captured.",
         check=device_types)
-    full_attention_masks: list[str] = option(
-        ["cpu", "cuda"], "dynamo only: devices on which an attention mask computed from no input that hides "
-                         "nothing (all True, or all zero when additive: transformers builds one under tracing for "
-                         "an encoder called without a padding mask) is evaluated when the graph is captured and "
-                         "dropped from the call, so the fused kernels without a mask run "
+    constant_attention_masks: list[str] = option(
+        ["cpu", "cuda"], "dynamo only: devices on which an attention mask computed from no input (transformers "
+                         "builds one under tracing for a model called without a padding mask) is evaluated when "
+                         "the graph is captured: one that hides nothing is dropped, and one that is the causal "
+                         "pattern becomes is_causal=True, so the fused kernels read no mask "
                          "(passes/attention_masks.py). [] keeps every mask.", check=device_types)
     gqa_attention: list[str] = option(
         ["cpu", "cuda"], "dynamo only: devices on which an attention call whose key and value are transformers' "
@@ -147,8 +147,8 @@ class Capture(CapturePass):
             if compile_id is not None and compile_id[1] > 0:
                 context.record_recompile(compat.recompile_reason(reasons, compile_id[0])
                                          or (reasons[0] if reasons else "guard failed (reason not recorded)"))
-            if opts.full_attention_masks:
-                drop_full_attention_masks(gm, opts.full_attention_masks)
+            if opts.constant_attention_masks:
+                constant_attention_masks(gm, opts.constant_attention_masks)
             if opts.dense_attention_masks:
                 dense_attention_masks(gm, opts.dense_attention_masks)
             if opts.gqa_attention:

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from pipeline import compile_with_plan
 from pipeline.numerics import compare
-from passes.attention_masks import dense_attention_masks, drop_full_attention_masks
+from passes.attention_masks import dense_attention_masks, constant_attention_masks
 
 PLAN = {"extends": "default", "options": {"capture": {"dense_attention_masks": ["cpu"]}}}
 
@@ -188,7 +188,7 @@ def _masks_dropped(fn, *args, devices=("cpu",)) -> tuple[int, str]:
     seen = []
 
     def backend(gm, example_inputs):
-        seen.append(drop_full_attention_masks(gm, list(devices)))
+        seen.append(constant_attention_masks(gm, list(devices)))
         seen.append(gm.code)
         return gm.forward
 
@@ -216,18 +216,41 @@ def test_masks_that_hide_keys_read_inputs_or_sit_on_other_devices_are_kept():
     seen = []
 
     def backend(gm, example_inputs):
-        seen.append(drop_full_attention_masks(gm, ["cpu"]))
+        seen.append(constant_attention_masks(gm, ["cpu"]))
         return gm.forward
     torch.compile(random_mask, backend=backend)(q, k, v)
     assert seen == [0]
 
 
+def causal_ramp_attention(q, k, v, shift: int = 0, additive: bool = False):
+    """Attention with a causal mask built from index ramps (``key <= query + shift``), as
+    transformers builds a decoder's mask under tracing when no padding mask is given."""
+    rows, cols = torch.arange(q.shape[2]), torch.arange(k.shape[2])
+    mask = (cols[None, :] <= rows[:, None] + shift)[None, None].expand(q.shape[0], 1, q.shape[2], k.shape[2])
+    if additive:
+        mask = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+@pytest.mark.parametrize("additive", [False, True])
+def test_a_causal_mask_from_ramps_alone_becomes_is_causal(additive):
+    q, k, v, _ = inputs(2, 9)
+    rewritten, code = _masks_dropped(lambda q, k, v: causal_ramp_attention(q, k, v, 0, additive), q, k, v)
+    assert rewritten == 1 and "attn_mask" not in code and "is_causal = True" in code
+    shifted = lambda q, k, v: causal_ramp_attention(q, k, v, 1, additive)     # one key more: not is_causal
+    assert _masks_dropped(shifted, q, k, v)[0] == 0
+    short = q[:, :, :4]                                 # fewer queries than keys: is_causal's top-left pattern
+    rewritten, code = _masks_dropped(lambda q, k, v: causal_ramp_attention(q, k, v, 0, additive), short, k, v)
+    assert rewritten == 1 and "is_causal = True" in code
+
+
 @pytest.mark.parametrize("length", [5, 16])
-def test_compiled_attention_without_its_full_mask_matches_eager(length):
-    compiled = compile_with_plan(ramp_mask_attention, "default")
+@pytest.mark.parametrize("fn", [ramp_mask_attention, causal_ramp_attention])
+def test_compiled_attention_without_its_constant_mask_matches_eager(length, fn):
+    compiled = compile_with_plan(fn, "default")
     q, k, v, _ = inputs(2, length)
     with torch.no_grad():
-        assert compare(ramp_mask_attention(q, k, v), compiled(q, k, v)) is None
+        assert compare(fn(q, k, v), compiled(q, k, v)) is None
 
 
 def test_a_dynamic_encoder_runs_with_aligned_bias_copies_at_every_length(monkeypatch):
