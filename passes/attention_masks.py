@@ -67,17 +67,21 @@ def _inputless(mask: torch.fx.Node) -> list[torch.fx.Node] | None:
 
 
 def _evaluated(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> object:
-    """The value of the last of ``nodes`` (see :func:`_inputless`), computed on real tensors."""
+    """The value of the last of ``nodes`` (see :func:`_inputless`), computed on real tensors;
+    None when a node cannot be computed so (the mask then stays as captured)."""
     values: dict = {}
     with compat.real_tensors(), torch.no_grad():
         for node in nodes:
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), values.__getitem__)
-            if node.op == "get_attr":
-                values[node] = operator.attrgetter(node.target)(gm)
-            elif node.op == "call_method":
-                values[node] = getattr(args[0], node.target)(*args[1:], **kwargs)
-            else:
-                values[node] = node.target(*args, **kwargs)
+            try:
+                if node.op == "get_attr":
+                    values[node] = operator.attrgetter(node.target)(gm)
+                elif node.op == "call_method":
+                    values[node] = getattr(args[0], node.target)(*args[1:], **kwargs)
+                else:
+                    values[node] = node.target(*args, **kwargs)
+            except Exception:  # noqa: BLE001 - an operator that needs the trace's context: keep the mask
+                return None
     return values[nodes[-1]]
 
 

@@ -278,3 +278,20 @@ def test_a_dynamic_encoder_runs_with_aligned_bias_copies_at_every_length(monkeyp
     graphs = compilation_of(compiled).graphs
     assert len(graphs) == 2 and "sym_size" in graphs[-1].final_code
     assert any("aligned layout" in note["message"] for note in graphs[-1].notes)
+
+
+def test_a_constant_mask_that_cannot_be_computed_at_capture_stays():
+    """A mask whose nodes fail on real tensors (here an operator given a bad argument) is left as
+    captured instead of failing the compile."""
+    graph = torch.fx.Graph()
+    q, k, v = (graph.placeholder(n) for n in "qkv")
+    mask = graph.call_function(torch.ones, ("not a size",))
+    attention = graph.call_function(F.scaled_dot_product_attention, (q, k, v), {"attn_mask": mask})
+    graph.output(attention)
+    qkv = torch.randn(2, 3, 4, 8)
+    for node in (q, k, v):
+        node.meta["example_value"] = qkv
+    mask.meta["example_value"] = torch.ones(4, 4, dtype=torch.bool)
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    assert constant_attention_masks(gm, ["cpu"]) == 0
+    assert attention.kwargs["attn_mask"] is mask
