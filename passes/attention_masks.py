@@ -87,12 +87,18 @@ def _evaluated(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> object:
 
 def _visible(value: object) -> torch.Tensor | None:
     """Which keys each query sees under a mask value (True where visible); None for a value that
-    is not a real boolean or floating mask."""
+    is not a real boolean mask or an additive one of zeros and exclusions (``-inf`` or the
+    dtype's lowest value, as transformers writes them: a finite penalty such as ``-1e4`` changes
+    the softmax, however little, so it is no exclusion)."""
     if not isinstance(value, torch.Tensor) or compat.is_fake(value) or value.dim() < 2:
         return None
     if value.dtype == torch.bool:
         return value
-    return value == 0 if value.is_floating_point() else None
+    if not value.is_floating_point():
+        return None
+    visible = value == 0
+    excluded = (value == float("-inf")) | (value <= torch.finfo(value.dtype).min)
+    return visible if bool((visible | excluded).all()) else None
 
 
 def _constant_form(visible: torch.Tensor, queries: int, keys: int) -> str | None:

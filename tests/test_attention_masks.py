@@ -239,6 +239,11 @@ def test_a_causal_mask_from_ramps_alone_becomes_is_causal(additive):
     assert rewritten == 1 and "attn_mask" not in code and "is_causal = True" in code
     shifted = lambda q, k, v: causal_ramp_attention(q, k, v, 1, additive)     # one key more: not is_causal
     assert _masks_dropped(shifted, q, k, v)[0] == 0
+
+    def penalty(q, k, v):       # -1e4 is a penalty, not an exclusion: the softmax differs, so it stays
+        rows, cols = torch.arange(q.shape[2]), torch.arange(k.shape[2])
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=torch.where(cols[None] <= rows[:, None], 0.0, -1e4))
+    assert _masks_dropped(penalty, q, k, v)[0] == 0
     short = q[:, :, :4]                                 # fewer queries than keys: is_causal's top-left pattern
     rewritten, code = _masks_dropped(lambda q, k, v: causal_ramp_attention(q, k, v, 0, additive), short, k, v)
     assert rewritten == 1 and "is_causal = True" in code
