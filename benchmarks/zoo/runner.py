@@ -374,15 +374,15 @@ def run_zoo(args: argparse.Namespace, written: Callable[[dict], None] = lambda r
                 finish(item)
                 model, mode, warm, alone = item[0]
                 record = records[-1] if records and not warm else None
-                if (record is not None and record["model"] == model.name and args.jobs > 1 and not alone
-                        and _out_of_memory(record) and (model.name, mode) not in retried):
-                    # Out of device memory beside other model processes: run again alone, next.
+                again = (record is not None and record["model"] == model.name and args.jobs > 1 and not alone
+                         and _out_of_memory(record) and (model.name, mode) not in retried)
+                if again:       # out of device memory beside other model processes: run again alone, next
                     retried.add((model.name, mode))
                     first_attempts[(model.name, mode)] = records.pop()
                     done -= 1
                     queue.insert(0, (model, mode, False, True))
                 written(result())
-                if args.warm and not warm:
+                if args.warm and not warm and not again:
                     queue.append((model, mode, True, False))
         time.sleep(0.2)
     return result()
