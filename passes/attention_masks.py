@@ -124,7 +124,8 @@ def constant_attention_masks(gm: torch.fx.GraphModule, devices: list[str]) -> in
     made: list[torch.fx.Node] = []
     rewritten = 0
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target is not SDPA or node.kwargs.get("is_causal"):
+        if (node.op != "call_function" or node.target is not SDPA or node.kwargs.get("is_causal")
+                or len(node.args) > 5):     # dropout_p, is_causal given by position
             continue
         mask, where = _mask_of(node)
         value = mask.meta.get("example_value") if isinstance(mask, torch.fx.Node) else None
@@ -135,7 +136,7 @@ def constant_attention_masks(gm: torch.fx.GraphModule, devices: list[str]) -> in
             nodes = _inputless(mask)
             evaluated[mask] = _visible(_evaluated(gm, nodes)) if nodes is not None else None
             made += nodes or []
-        if evaluated[mask] is None or len(node.args) > 5:     # dropout_p, is_causal given by position
+        if evaluated[mask] is None:
             continue
         form = _constant_form(evaluated[mask], query.shape[-2], key.shape[-2])
         if form is None:

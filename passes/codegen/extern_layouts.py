@@ -113,11 +113,10 @@ def align_extern_inputs(gm: torch.fx.GraphModule) -> int:
             continue
         args, kwargs = list(node.args), dict(node.kwargs)
         for position in positions:
-            given = kwargs if isinstance(position, str) else args
             if isinstance(position, str):
-                source = kwargs.get(position)
+                given, source = kwargs, kwargs.get(position)
             else:
-                source = args[position] if position < len(args) else None
+                given, source = args, args[position] if position < len(args) else None
             value = meta_of(source) if isinstance(source, torch.fx.Node) else None
             if not isinstance(value, torch.Tensor) or value.dim() == 0 or aligned(value):
                 continue
