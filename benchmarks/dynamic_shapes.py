@@ -36,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -289,7 +290,10 @@ def main() -> None:
             (out / "dynamic-shapes.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1,
                                                                 default=str))
             (out / "dynamic-shapes.md").write_text(markdown(results, meta))
-        save(run(work, args.device, args.rounds, args.iters, save, args.sample_ms))
+        try:
+            save(run(work, args.device, args.rounds, args.iters, save, args.sample_ms))
+        except Exception:    # one workload failing leaves the others' results; the reason is printed
+            print(f"{work['name']} failed:\n{traceback.format_exc()}", flush=True)
     print(markdown(results, meta))
 
 
