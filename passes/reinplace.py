@@ -28,6 +28,10 @@ It works on whole chains: if one write of an input cannot be done in place (an o
 later, two writes branch from one version, an output aliases the buffer), that input keeps its
 functional form and the report says why. Place it late (after ``fuse``): later passes must not move
 reads of an input across writes of it, which is why it invalidates ``functional``.
+
+Option ``share_cat_prefixes``: concatenations whose pieces begin with an earlier concatenation's
+pieces (a DenseNet block) become copies of each piece into one buffer and views of its leading
+parts (passes/cat_buffers.py).
 """
 from __future__ import annotations
 
@@ -38,8 +42,9 @@ import attrs
 import torch
 import torch.fx
 
-from pipeline import NoOptions, Pass, PassContext
+from pipeline import Pass, PassContext, option
 from pipeline import compat
+from passes.cat_buffers import share_cat_prefixes
 from passes.kernel_ir.groups import meta_of, packet_name
 from pipeline.ir import finish, has_side_effects
 
@@ -75,12 +80,20 @@ class _Step:
     first: int              # graph position of the earliest node of the nest (where the write happens)
 
 
+@attrs.frozen
+class ReinplaceOptions:
+    share_cat_prefixes: bool = option(
+        True, "Concatenations that extend an earlier concatenation along the same dim (its pieces first) "
+              "share one buffer: each piece is copied into it once and each concatenation is a view of its "
+              "leading part, instead of copying every piece again per concatenation.", tune=(True, False))
+
+
 class Reinplace(Pass):
     """Turn functional rewrites of mutated graph inputs back into in-place writes, where legal."""
 
     name = "reinplace"
-    Options = NoOptions
-    version = "3"
+    Options = ReinplaceOptions
+    version = "4"
     requires = frozenset({"aten"})
     invalidates = frozenset({"functional"})
     uses_fuel = True
@@ -113,6 +126,11 @@ class Reinplace(Pass):
         fresh = _write_fresh_buffers_in_place(graph.graph, context.use_fuel)
         if fresh:
             context.note(f"{fresh} write(s) into a buffer made just for them done in place, without copying it")
+        if self.options.share_cat_prefixes:
+            shared = share_cat_prefixes(graph, context.use_fuel)
+            if shared:
+                context.note(f"{shared} concatenation(s) that extend one another share buffers: each piece "
+                             "is copied once")
         return finish(graph)
 
 

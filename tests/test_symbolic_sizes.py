@@ -84,7 +84,17 @@ def test_floor_division_and_remainder_evaluate_like_python_at_any_binding():
 
 def test_an_expression_outside_integer_arithmetic_has_no_spelling():
     with pytest.raises(TypeError, match="no py spelling"):
-        render(sympy.Max(S0, S1))
+        render(sympy.sqrt(S0))
+
+
+def test_maxima_and_minima_are_spelled_for_python_and_c():
+    """A stride of a dim that may be empty is ``Max(1, s)``: kernels of such layouts take it as
+    an argument like any size."""
+    u0, u1 = sympy.symbols("u0 u1", integer=True, nonnegative=True)
+    size = sympy.Max(1, u0) * sympy.Min(u1, 5)
+    function = eval(f"lambda ku0, ku1: {render(size)}")
+    assert all(function(a, b) == max(1, a) * min(b, 5) for a in range(0, 9) for b in range(0, 9))
+    assert render(sympy.Max(1, u0), "c") == "(INT64_C(1) > ku0 ? INT64_C(1) : ku0)"
 
 
 def test_a_size_class_round_trips_as_data_and_gives_layouts_at_any_binding():

@@ -74,7 +74,7 @@ def render(expr: Any, language: str = "py") -> str:
     """``expr`` (an int, a :class:`Dim` or a sympy integer expression of size symbols) as source
     in ``language`` (``py``: Python and Triton; ``c``: C++ on ``int64_t`` arguments). Compound
     expressions come parenthesized; an expression outside integer arithmetic, floor and ceiling
-    division and remainders raises ``TypeError``."""
+    division, remainders, maxima and minima raises ``TypeError``."""
     if isinstance(expr, Dim):
         expr = expr.expr
     if isinstance(expr, bool):
@@ -112,6 +112,15 @@ def _render(expr: sympy.Basic, language: str) -> str:
     if name in ("Mod", "PythonMod"):
         a, b = (_render(x, language) for x in expr.args)
         return f"({a} % {b})"
+    if name in ("Max", "Min"):      # a stride of a dim that may be empty: Max(1, s)
+        args = [_render(x, language) for x in expr.args]
+        if language != "c":
+            return f"{name.lower()}({', '.join(args)})"
+        pick = ">" if name == "Max" else "<"
+        out = args[0]
+        for arg in args[1:]:
+            out = f"({out} {pick} {arg} ? {out} : {arg})"
+        return out
     raise TypeError(f"size expression {expr} ({name}) has no {language} spelling here")
 
 

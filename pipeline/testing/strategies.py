@@ -470,7 +470,8 @@ def _gather(draw, builder: _Builder, node: torch.fx.Node, meta: torch.Tensor):
 
 def _cat(draw, builder: _Builder, node: torch.fx.Node, meta: torch.Tensor):
     """A concatenation along a random dim: the value's two parts swapped with one negated (a
-    rotary embedding's ``rotate_half``), or the value beside a function of itself."""
+    rotary embedding's ``rotate_half``), the value beside a function of itself, or two
+    concatenations of which the second extends the first."""
     dim = draw(st.integers(0, meta.dim() - 1))
     size = meta.shape[dim]
     if size >= 2 and meta.dtype.is_floating_point and draw(st.booleans()):
@@ -480,7 +481,18 @@ def _cat(draw, builder: _Builder, node: torch.fx.Node, meta: torch.Tensor):
         second = second and builder.call(torch.neg, second[0])
         return second and builder.call(torch.cat, [second[0], first[0]], dim)
     other = builder.call(torch.mul, node, 2) if draw(st.booleans()) else (node, meta)
+    if other and meta.dtype.is_floating_point and draw(st.booleans()):
+        return _growing_cat(builder, node, other[0], dim, size)
     return other and builder.call(torch.cat, [node, other[0]] * draw(st.integers(1, 3)), dim)
+
+
+def _growing_cat(builder: _Builder, node: torch.fx.Node, other: torch.fx.Node, dim: int, size: int):
+    """A dense block's concatenations: ``cat([a, b])``, then ``cat([a, b, c])`` with ``c`` computed
+    from the first cat, so the second one's pieces begin with the first one's."""
+    first = builder.call(torch.cat, [node, other], dim)
+    part = first and builder.call(torch.narrow, first[0], dim, size, size)
+    grown = part and builder.call(torch.sin, part[0])
+    return grown and builder.call(torch.cat, [node, other, grown[0]], dim)
 
 
 __all__ = ["graphs", "GraphCase", "TensorSpec", "FLOAT_DTYPES"]
