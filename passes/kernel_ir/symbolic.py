@@ -369,8 +369,8 @@ class SizeClass:
         return eval(compile(f"lambda {names}: {body}", "<size class>", "eval"), {})  # noqa: S307 - see of()
 
     def __attrs_post_init__(self) -> None:
-        for text in (*self.facts, self.layout):     # arithmetic of the size arguments, nothing else
-            words = set(_NAME.findall(text)) - {"and", "True"} - {f"k{s}" for s in self.symbols}
+        for text in (*self.facts, self.layout):     # arithmetic of the size arguments (max, min), nothing else
+            words = set(_NAME.findall(text)) - {"and", "True", "max", "min"} - {f"k{s}" for s in self.symbols}
             if words or not _ARITHMETIC.fullmatch(text):
                 raise ValueError(f"size class text {text!r} is not arithmetic of its sizes {self.symbols}")
         object.__setattr__(self, "_fits", self._compiled(" and ".join(self.facts) or "True"))
