@@ -30,7 +30,7 @@ import torch.utils._pytree as pytree
 
 from pipeline import Pass, PassContext, non_negative, option
 from pipeline import compat
-from pipeline.ir import dependencies, finish, has_side_effects, is_random, restore_order
+from pipeline.ir import dependencies, finish, has_side_effects, is_random, node_args_hashable, restore_order
 
 
 @attrs.frozen
@@ -71,7 +71,7 @@ class ConstantFold(Pass):
 
     name = "constant-fold"
     Options = ConstantFoldOptions
-    version = "3"
+    version = "4"
 
     def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
         values: dict[torch.fx.Node, object] = {}
@@ -142,6 +142,10 @@ class ConstantFold(Pass):
 
     def _fold_per_size(self, graph: torch.fx.GraphModule, context: PassContext, constants: set) -> None:
         determined = _size_determined(graph.graph, constants)
+        merged = _merge_equal(graph.graph, determined)
+        if merged:
+            context.note(f"merged {merged} size-determined node(s) equal to an earlier one (per-layer copies "
+                         "of a mask), so each value is computed and returned once per size")
         chosen = []
         for node in determined:
             value = node.meta.get("val")
@@ -252,6 +256,30 @@ def _size_determined(graph: torch.fx.Graph, constants: set) -> dict:
                     and any(a in determined for a in inputs):
                 determined[node] = True
     return determined
+
+
+def _merge_equal(graph: torch.fx.Graph, determined: dict) -> int:
+    """Merge each node of ``determined``, and each pure node with no input, that applies the same
+    operator to the same arguments as an earlier one into that one (``cse`` runs later: this makes
+    the per-size subgraph return one mask where each layer built its own copy); returns how many."""
+    seen: dict = {}
+    merged = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or not (node in determined or (
+                not node.all_input_nodes and not has_side_effects(node) and not is_random(node))):
+            continue
+        try:
+            key = (node.target, node_args_hashable(node.args), node_args_hashable(node.kwargs))
+            hash(key)
+        except TypeError:
+            continue
+        first = seen.setdefault(key, node)
+        if first is not node:
+            node.replace_all_uses_with(first)
+            graph.erase_node(node)
+            determined.pop(node, None)
+            merged += 1
+    return merged
 
 
 def _reaches_output(node: torch.fx.Node) -> bool:

@@ -67,7 +67,8 @@ DYNAMIC = {"extends": "cpu-inference", "options": {"capture": {"dynamic": True}}
 
 def test_a_mask_made_from_symbolic_sizes_is_computed_once_per_size():
     """With the sequence length symbolic the mask depends on an input (the size): it is computed
-    by one per-size call, once for each length seen, and every call still matches eager."""
+    by one per-size call, once for each length seen, and every call still matches eager. The
+    three layers' masks are equal computations: one value, read by every layer."""
     model = MaskedLayers().eval()
     compiled = compile_with_plan(model, DYNAMIC)
     generator = torch.Generator().manual_seed(0)
@@ -77,8 +78,10 @@ def test_a_mask_made_from_symbolic_sizes_is_computed_once_per_size():
             problem = compare(model(x), compiled(x), what=f"length {t}")
             assert problem is None, problem
     (record,) = compilation_of(compiled).graphs
-    assert any(m.startswith("folded per size:") for m in messages(record)), messages(record)
+    assert any(m.startswith("folded per size: 1 value(s)") for m in messages(record)), messages(record)
     assert "arange" not in record.final_code and "per_size_" in record.final_code
+    masks = set(re.findall(r"attn_mask=(\w+)", record.final_code))
+    assert len(masks) == 1, masks       # the layers' equal masks are one value, made once per size
 
 
 def test_a_size_determined_value_that_is_an_output_stays_fresh_per_call():
