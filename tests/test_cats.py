@@ -207,6 +207,27 @@ def test_a_pad_of_an_input_joins_the_kernel_that_reads_it(plan):
     assert record.kernels == 1 and "aten_constant_pad_nd" not in record.final_code
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "permuted"])
+def test_a_pad_of_zero_widths_is_a_copy_that_fuses(layout):
+    """Swin pads its windows by what the image lacks: nothing, here. The zero pad is a copy in the
+    pad's own layout (channels-last stays so), read by the softmax's kernel, not an ATen call."""
+    def window_softmax(x):
+        padded = F.pad(x, (0, 0, 0, 0, 0, 0))
+        return torch.softmax(padded.view(-1, 4 * 6) if padded.is_contiguous() else padded.reshape(-1, 24), -1)
+
+    x = torch.randn(2, 3, 4, 6)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    elif layout == "permuted":
+        x = torch.randn(2, 4, 6, 3).permute(0, 3, 1, 2)
+    record = compiled_record(window_softmax, x)
+    assert "aten_constant_pad_nd" not in record.final_code, record.final_code
+    compiled = compile_with_plan(lambda x: F.pad(x, (0, 0, 0, 0)) * 2, "default")
+    out = compiled(x)
+    torch.testing.assert_close(out, F.pad(x, (0, 0, 0, 0)) * 2)
+    assert out.stride() == (F.pad(x, (0, 0, 0, 0)) * 2).stride()
+
+
 def test_a_pad_read_by_a_reduction_stays_an_aten_pad():
     """Reduction kernels do not read padded inputs: the pad is ATen's, and the result is exact."""
     record = compiled_record(lambda x: torch.softmax(F.pad(x, (2, 1), value=-1.0), -1), torch.randn(4, 7))

@@ -34,7 +34,7 @@ from .choices import FusionChoices
 from .dependencies import Dependencies
 from .legality import (Group, can_grow, classify, creates_cycle, independent_merge_problem, input_pad_problem,
                        input_reshape_problem, merge_problem, outside_inputs, shape_problem, sources_only)
-from .cats import pointwise_cats, scatters_into_fills
+from .cats import pointwise_cats, scatters_into_fills, zero_pads_as_clones
 from .gathers import index_as_gather, index_views, sink_gathers
 from .onehot import sum_one_hots
 from .pools import slices_through_pads, window_pools
@@ -115,7 +115,7 @@ class Fuse(Pass):
 
     name = "fuse"
     Options = FuseOptions
-    version = "31"
+    version = "32"
     cache_material = rules.cache_material   # rules a plugin adds or replaces change the output
     requires = frozenset({"functional", "aten"})
     provides = frozenset({"fused"})
@@ -143,6 +143,9 @@ class Fuse(Pass):
         padded = scatters_into_fills(graph)
         if padded:
             context.note(f"{padded} slice_scatter(s) into fills computed as pads", topic="fusion")
+        cloned = zero_pads_as_clones(graph)
+        if cloned:
+            context.note(f"{cloned} pad(s) of zero widths computed as copies that fuse", topic="fusion")
         if self.options.move_views:
             moved = move_views(graph) + hoist_pads(graph) + slices_through_pads(graph)
             if moved:

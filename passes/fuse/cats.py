@@ -88,6 +88,33 @@ def scatters_into_fills(graph: torch.fx.GraphModule) -> int:
     return rewritten
 
 
+def zero_pads_as_clones(graph: torch.fx.GraphModule) -> int:
+    """Rewrite ``constant_pad_nd(x, [0, 0, ...])`` as ``clone(x)`` in the pad's layout: a pad of zero
+    widths copies ``x`` (a Swin block pads its windows by what the image lacks, often nothing), and
+    ATen runs the copy as a kernel of its own where a clone joins the kernels around it. Pads whose
+    layout neither contiguous nor channels-last clone gives stay. Returns how many."""
+    rewritten = 0
+    for node in list(graph.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.constant_pad_nd.default \
+                or not isinstance(node.args[0], torch.fx.Node) or any(w != 0 for w in node.args[1]):
+            continue
+        value = meta_of(node)
+        formats = [torch.contiguous_format] + ([torch.channels_last] if value.dim() == 4 else [])
+        for memory_format in formats:
+            with graph.graph.inserting_before(node):
+                clone = call_with_value(graph.graph, aten.clone.default, (node.args[0],),
+                                        {"memory_format": memory_format})
+            if tuple(meta_of(clone).stride()) == tuple(value.stride()):
+                node.replace_all_uses_with(clone)
+                graph.graph.erase_node(node)
+                rewritten += 1
+                break
+            graph.graph.erase_node(clone)
+    if rewritten:
+        graph.recompile()
+    return rewritten
+
+
 def _fill_pad(node: torch.fx.Node) -> list[int] | None:
     """The pad widths of a ``slice_scatter`` into a fill that :func:`scatters_into_fills` rewrites."""
     if node.op != "call_function" or node.target is not aten.slice_scatter.default:
