@@ -28,7 +28,7 @@ import torch
 import torch.fx
 
 from passes.kernel_ir.groups import FusedGroup, meta_of
-from passes.kernel_ir.nodes import static_sizes
+from passes.kernel_ir.nodes import call_with_value, static_sizes
 from pipeline import compat
 
 aten = torch.ops.aten
@@ -155,28 +155,21 @@ def _rewrite(graph: torch.fx.Graph, chain: list[_Cat]) -> None:
     last = chain[-1]
     dim, total = last.dim, last.value
     with graph.inserting_before(chain[0].node):
-        buffer = graph.call_function(aten.empty_strided.default, (list(total.shape), list(total.stride())),
-                                     {"dtype": total.dtype, "device": total.device})
-        buffer.meta["val"] = compat.example_value(buffer)
+        buffer = call_with_value(graph, aten.empty_strided.default, (list(total.shape), list(total.stride())),
+                                 {"dtype": total.dtype, "device": total.device})
     placed, offset = 0, 0
     for cat in chain:
         with graph.inserting_before(cat.node):
             for piece in cat.pieces[placed:]:
                 width = meta_of(piece).shape[dim]
-                part = _part(graph, buffer, dim, offset, offset + width)
+                part = call_with_value(graph, aten.slice.Tensor, (buffer, dim, offset, offset + width))
                 copy = graph.call_function(aten.copy_.default, (part, piece))
                 copy.meta["val"] = meta_of(part)
                 offset += width
             placed = len(cat.pieces)
-            view = buffer if cat is last else _part(graph, buffer, dim, 0, offset)
+            view = buffer if cat is last else call_with_value(graph, aten.slice.Tensor, (buffer, dim, 0, offset))
         cat.node.replace_all_uses_with(view)
         graph.erase_node(cat.node)
-
-
-def _part(graph: torch.fx.Graph, buffer: torch.fx.Node, dim: int, start: int, end: int) -> torch.fx.Node:
-    node = graph.call_function(aten.slice.Tensor, (buffer, dim, start, end))
-    node.meta["val"] = compat.example_value(node)
-    return node
 
 
 __all__ = ["share_cat_prefixes"]

@@ -24,8 +24,8 @@ import sympy
 import torch
 import torch.fx
 
-from pipeline import compat
 from passes.kernel_ir.groups import meta_of
+from passes.kernel_ir.nodes import call_with_value
 
 aten = torch.ops.aten
 
@@ -58,16 +58,10 @@ def aligned(value: torch.Tensor) -> bool:
     return stride[-1] == 1 and all(isinstance(step, int) and step == 0 or _multiple(step) for step in stride[:-1])
 
 
-def _call(graph: torch.fx.Graph, target, args: tuple) -> torch.fx.Node:
-    node = graph.call_function(target, args)
-    node.meta["val"] = compat.example_value(node)
-    return node
-
-
 def _size(graph: torch.fx.Graph, source: torch.fx.Node, value: torch.Tensor, dim: int) -> int | torch.fx.Node:
     """Axis ``dim`` of ``source``: an int, or a node reading a symbolic size from the tensor."""
     size = value.shape[dim]
-    return size if type(size) is int else _call(graph, aten.sym_size.int, (source, dim))
+    return size if type(size) is int else call_with_value(graph, aten.sym_size.int, (source, dim))
 
 
 def _padded(graph: torch.fx.Graph, node: torch.fx.Node, amount: int | torch.fx.Node) -> torch.fx.Node:
@@ -75,7 +69,7 @@ def _padded(graph: torch.fx.Graph, node: torch.fx.Node, amount: int | torch.fx.N
     symbolic amount the example value is made from the shape: ATen's ``constant_pad_nd`` takes
     no symbolic padding under a fake mode."""
     if type(amount) is int:
-        return _call(graph, aten.constant_pad_nd.default, (node, [0, amount], 0.0))
+        return call_with_value(graph, aten.constant_pad_nd.default, (node, [0, amount], 0.0))
     padded = graph.call_function(aten.constant_pad_nd.default, (node, [0, amount], 0.0))
     value = meta_of(node)
     padded.meta["val"] = value.new_empty([*value.shape[:-1], value.shape[-1] + amount.meta["val"]])
@@ -89,16 +83,16 @@ def _aligned_copy(graph: torch.fx.Graph, source: torch.fx.Node, value: torch.Ten
     node = source
     broadcast = [d for d, (size, step) in enumerate(zip(shape, value.stride())) if step == 0 and size != 1]
     for dim in broadcast:
-        node = _call(graph, aten.slice.Tensor, (node, dim, 0, 1))
+        node = call_with_value(graph, aten.slice.Tensor, (node, dim, 0, 1))
     last = _size(graph, source, value, len(shape) - 1)
     if type(last) is int:
         amount = -last % ALIGNMENT
     else:           # the same arithmetic on the size the call sees
-        amount = _call(graph, operator.mod, (_call(graph, operator.neg, (last,)), ALIGNMENT))
-    node = _call(graph, aten.slice.Tensor, (_padded(graph, node, amount), -1, 0, last))
+        amount = call_with_value(graph, operator.mod, (call_with_value(graph, operator.neg, (last,)), ALIGNMENT))
+    node = call_with_value(graph, aten.slice.Tensor, (_padded(graph, node, amount), -1, 0, last))
     if broadcast:
         sizes = [_size(graph, source, value, d) if d in broadcast else -1 for d in range(len(shape))]
-        node = _call(graph, aten.expand.default, (node, sizes))
+        node = call_with_value(graph, aten.expand.default, (node, sizes))
     return node
 
 

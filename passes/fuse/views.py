@@ -43,7 +43,7 @@ import torch.fx
 
 from pipeline import compat
 from passes.kernel_ir.groups import end_padding, meta_of, packet_name
-from passes.kernel_ir.nodes import static_sizes
+from passes.kernel_ir.nodes import call_with_value, static_sizes
 
 from .canonicalize import REDUCING
 from .legality import classify
@@ -89,14 +89,6 @@ def rewrite_in_rounds(graph: torch.fx.GraphModule, rewrites: tuple) -> int:
 
 
 LAYOUT_FREE = (None, torch.preserve_format, torch.contiguous_format)
-
-
-def call_with_value(graph: torch.fx.Graph, target, args: tuple, kwargs: dict | None = None) -> torch.fx.Node:
-    """A new ``call_function`` node at the graph's insertion point, with its example value computed
-    from its arguments' (a rewrite's later steps read the shapes of the nodes it added)."""
-    node = graph.call_function(target, args, kwargs or {})
-    node.meta["val"] = compat.example_value(node)
-    return node
 
 
 def _elementwise(node: torch.fx.Node) -> bool:

@@ -144,6 +144,14 @@ def meta_of(value: Any) -> Any:
     return value
 
 
+def call_with_value(graph: torch.fx.Graph, target, args: tuple, kwargs: dict | None = None) -> torch.fx.Node:
+    """A new ``call_function`` node at the graph's insertion point, with its example value computed
+    from its arguments' (a rewrite's later steps read the shapes of the nodes it added)."""
+    node = graph.call_function(target, args, kwargs or {})
+    node.meta["val"] = compat.example_value(node)
+    return node
+
+
 def value_dtype(value: Any) -> torch.dtype:
     """The dtype of a graph value or Python literal as torch's type promotion sees it."""
     meta = meta_of(value)
