@@ -85,7 +85,7 @@ def _evaluated(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> object:
     return values[nodes[-1]]
 
 
-def _visible(value: object) -> torch.Tensor | None:
+def visible_keys(value: object) -> torch.Tensor | None:
     """Which keys each query sees under a mask value (True where visible); None for a value that
     is not a real boolean mask or an additive one of zeros and exclusions (``-inf`` or the
     dtype's lowest value, as transformers writes them: a finite penalty such as ``-1e4`` changes
@@ -101,7 +101,7 @@ def _visible(value: object) -> torch.Tensor | None:
     return visible if bool((visible | excluded).all()) else None
 
 
-def _constant_form(visible: torch.Tensor, queries: int, keys: int) -> str | None:
+def constant_form(visible: torch.Tensor, queries: int, keys: int) -> str | None:
     """"none" when every query sees every key, "causal" when query ``i`` sees exactly keys
     ``0..i`` (``is_causal``'s top-left pattern), else None."""
     try:
@@ -134,11 +134,11 @@ def constant_attention_masks(gm: torch.fx.GraphModule, devices: list[str]) -> in
             continue
         if mask not in evaluated:
             nodes = _inputless(mask)
-            evaluated[mask] = _visible(_evaluated(gm, nodes)) if nodes is not None else None
+            evaluated[mask] = visible_keys(_evaluated(gm, nodes)) if nodes is not None else None
             made += nodes or []
         if evaluated[mask] is None:
             continue
-        form = _constant_form(evaluated[mask], query.shape[-2], key.shape[-2])
+        form = constant_form(evaluated[mask], query.shape[-2], key.shape[-2])
         if form is None:
             continue
         kwargs = {k: v for k, v in node.kwargs.items() if k != "attn_mask"}

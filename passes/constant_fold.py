@@ -17,7 +17,9 @@ that depend on symbolic sizes and constants alone (``per_size``) are computed at
 per size seen instead: the subgraph that makes them becomes one :class:`PerSizeValues` call,
 which runs it the first time a size is seen and returns the same tensors afterwards. The same
 size limits apply, at the compile-time sizes; a value that reaches a graph output is left alone
-(the caller would hold the shared tensor)."""
+(the caller would hold the shared tensor). An attention call reading such a mask looks at each
+mask once and runs without it where it is the causal pattern or hides nothing
+(:mod:`passes.per_size_attention`)."""
 from __future__ import annotations
 
 import operator
@@ -31,6 +33,7 @@ import torch.utils._pytree as pytree
 from pipeline import Pass, PassContext, non_negative, option
 from pipeline import compat
 from pipeline.ir import dependencies, finish, has_side_effects, is_random, node_args_hashable, restore_order
+from passes.per_size_attention import dispatch_per_size_masks
 
 
 @attrs.frozen
@@ -46,6 +49,10 @@ class ConstantFoldOptions:
               "(masks, position ids) once per size seen, at run time, instead of on every call.")
     per_size_entries: int = option(16, "Sizes whose per-size values are kept (the oldest is dropped).",
                                    check=non_negative)
+    per_size_mask_forms: bool = option(
+        True, "Attention whose mask is a per-size value looks at each mask once: one that is the causal pattern "
+              "runs as is_causal=True without it, one that hides nothing runs without it (a dynamic decoder's "
+              "causal mask).", tune=(True, False))
 
 
 _READ_WHOLE = ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.convolution", "aten.embedding",
@@ -71,7 +78,7 @@ class ConstantFold(Pass):
 
     name = "constant-fold"
     Options = ConstantFoldOptions
-    version = "4"
+    version = "5"
 
     def run(self, graph: torch.fx.GraphModule, context: PassContext) -> torch.fx.GraphModule:
         values: dict[torch.fx.Node, object] = {}
@@ -177,6 +184,11 @@ class ConstantFold(Pass):
         for node in reversed(list(graph.graph.nodes)):
             if node in determined and not node.users and not has_side_effects(node):
                 graph.graph.erase_node(node)
+        if self.options.per_size_mask_forms:
+            dispatched = dispatch_per_size_masks(graph.graph, set(call.users))
+            if dispatched:
+                context.note(f"{dispatched} attention call(s) read a per-size mask: each mask's form (causal, "
+                             "hiding nothing, other) is found once and the call made without it where it can")
         context.note(f"folded per size: {len(chosen)} value(s) of {len(module.graph.nodes) - len(roots) - 1} "
                      f"node(s), computed once per size of {', '.join(str(r.meta['val']) for r in roots)}")
 

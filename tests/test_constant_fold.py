@@ -80,7 +80,7 @@ def test_a_mask_made_from_symbolic_sizes_is_computed_once_per_size():
     (record,) = compilation_of(compiled).graphs
     assert any(m.startswith("folded per size: 1 value(s)") for m in messages(record)), messages(record)
     assert "arange" not in record.final_code and "per_size_" in record.final_code
-    masks = set(re.findall(r"attn_mask=(\w+)", record.final_code))
+    masks = set(re.findall(r"per_size_mask_\w+\(\w+, \w+, \w+, (\w+)\)", record.final_code))
     assert len(masks) == 1, masks       # the layers' equal masks are one value, made once per size
 
 

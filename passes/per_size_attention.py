@@ -1,0 +1,149 @@
+"""Attention whose mask is a per-size value: its form is checked once per mask, and a mask that
+hides nothing or is the causal pattern is not passed to the kernel.
+
+In a graph with symbolic sizes a decoder's causal mask depends on the sequence length, so it
+cannot be evaluated when the graph is captured (:mod:`passes.attention_masks` does that for
+static graphs) and stays an attention bias: the kernel reads an ``L x S`` mask (on CUDA the
+memory-efficient kernel also gets an aligned copy of it on every call) where with ``is_causal``
+it reads none and skips the hidden blocks. ``constant-fold`` computes such a mask once per size
+seen (:class:`passes.constant_fold.PerSizeValues`), so the same tensor comes back for every call
+at one size. :class:`PerSizeMaskAttention` takes the attention call's place: it looks at each
+mask it is given once (one read of its values, never while a CUDA graph is being recorded),
+keeps the answer while the mask lives, and calls the same attention operator with
+``is_causal=True`` and no mask, with no mask, or with the mask (in the aligned layout the
+operator needs, made once per mask).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+from torch.utils.weak import WeakIdKeyDictionary
+
+from pipeline import compat
+from passes.attention_masks import constant_form, visible_keys
+from passes.codegen.extern_layouts import ALIGNED_INPUTS, ALIGNMENT, aligned
+
+MASK_NAMES = ("attn_mask", "attn_bias")
+FORMS = ("causal", "none", "mask")
+
+
+def _mask_name(op: Any) -> str | None:
+    """The name of the mask argument of an attention operator (``query, key, value`` first, an
+    ``is_causal`` flag), or None for any other operator."""
+    if not isinstance(op, torch._ops.OpOverload):
+        return None
+    names = [a.name for a in op._schema.arguments]
+    mask = [n for n in names if n in MASK_NAMES]
+    if names[:3] != ["query", "key", "value"] or "is_causal" not in names or len(mask) != 1:
+        return None
+    return mask[0]
+
+
+def _bound(node: torch.fx.Node) -> dict:
+    """The node's arguments by schema name (those given)."""
+    names = [a.name for a in node.target._schema.arguments]
+    return {**dict(zip(names, node.args)), **node.kwargs}
+
+
+def _aligned_copy(mask: torch.Tensor) -> torch.Tensor:
+    """``mask`` in a layout the fused kernels take as a bias (passes/codegen/extern_layouts.py):
+    broadcast axes kept broadcast, the last axis padded to a multiple of ALIGNMENT and sliced back."""
+    base = mask
+    for dim, (size, step) in enumerate(zip(mask.shape, mask.stride())):
+        if step == 0 and size != 1:
+            base = base.narrow(dim, 0, 1)
+    last = mask.shape[-1]
+    padded = torch.nn.functional.pad(base, (0, -last % ALIGNMENT))
+    return padded[..., :last].expand(mask.shape)
+
+
+class PerSizeMaskAttention:
+    """``op(query, key, value, <mask>, **options)`` where the mask is one of a few tensors that
+    come back call after call (a per-size value): each mask's form (``"causal"``, ``"none"`` or
+    ``"mask"``) is found once and the call made accordingly (module docstring). ``forms`` counts
+    the masks found of each form. What was found is shared by every such call (the layers of a
+    model read one mask): kept per mask while it lives, by its query and key lengths and layout."""
+
+    known: WeakIdKeyDictionary = WeakIdKeyDictionary()     # mask -> {(queries, keys, align): (form, passed)}
+
+    def __init__(self, op: torch._ops.OpOverload, mask_name: str, options: dict):
+        self.op = op
+        self.mask_name = mask_name
+        self.options = dict(options)
+        self.align = op in ALIGNED_INPUTS
+        self.forms = dict.fromkeys(FORMS, 0)
+        self.__name__ = f"per_size_mask_{op._schema.name.split('::')[-1]}"
+
+    def __call__(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor) -> Any:
+        if compat.tracing_now():        # a pass re-tracing the graph keeps this one call
+            return compat.traced_as_one_call(self, (query, key, value, mask),
+                                             lambda: self._call(query, key, value, mask, False))
+        by_shape = self.known.get(mask)
+        shape = (query.shape[-2], key.shape[-2], self.align)
+        known = by_shape.get(shape) if by_shape is not None else None
+        if known is None:
+            if compat.is_fake(mask) or compat.capturing_cuda_graph():   # no look at the values here
+                return self._call(query, key, value, self._layout(mask), False)
+            known = self._classify(query, key, mask)
+            self.known.setdefault(mask, {})[shape] = known
+        form, passed = known
+        return self._call(query, key, value, passed, form == "causal")
+
+    def _classify(self, query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor) -> tuple:
+        with torch.no_grad():
+            visible = visible_keys(mask)
+            form = (constant_form(visible, query.shape[-2], key.shape[-2]) if visible is not None else None) or "mask"
+        self.forms[form] += 1
+        return form, (self._layout(mask) if form == "mask" else None)
+
+    def _layout(self, mask: torch.Tensor) -> torch.Tensor:
+        return _aligned_copy(mask) if self.align and mask.dim() and not aligned(mask) else mask
+
+    def _call(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+              causal: bool) -> Any:
+        options = {**self.options, self.mask_name: mask}
+        if causal:
+            options["is_causal"] = True
+        return self.op(query, key, value, **options)
+
+    def __repr__(self) -> str:
+        return f"PerSizeMaskAttention({self.op}, {self.forms})"
+
+    def to_data(self, codec: Any) -> dict:
+        return {"op": str(self.op), "mask": self.mask_name, "options": self.options}
+
+    @classmethod
+    def from_data(cls, data: dict, codec: Any) -> "PerSizeMaskAttention":
+        op = compat.resolve_op(data["op"])
+        if op is None:
+            raise ValueError(f"unknown attention operator {data['op']!r}")
+        return cls(op, data["mask"], data["options"])
+
+
+def dispatch_per_size_masks(graph: torch.fx.Graph, masks: set) -> int:
+    """Make each attention call in ``graph`` whose mask is one of the nodes ``masks`` (per-size
+    values) a :class:`PerSizeMaskAttention` call, where it is not causal already, drops nothing
+    (dropout 0) and its other arguments are constants. Returns how many were made."""
+    made = 0
+    for node in list(graph.nodes):
+        name = _mask_name(node.target) if node.op == "call_function" else None
+        if name is None:
+            continue
+        bound = _bound(node)
+        mask = bound.get(name)
+        if not isinstance(mask, torch.fx.Node) or mask not in masks or bound.get("is_causal") or bound.get("dropout_p", 0.0) != 0.0:
+            continue
+        options = {k: v for k, v in bound.items() if k not in ("query", "key", "value", name)}
+        if any(isinstance(v, torch.fx.Node) for v in pytree.tree_leaves(options)):
+            continue
+        node.args = (bound["query"], bound["key"], bound["value"], bound[name])
+        node.kwargs = {}
+        node.target = PerSizeMaskAttention(node.target, name, options)
+        made += 1
+    return made
+
+
+__all__ = ["PerSizeMaskAttention", "dispatch_per_size_masks"]
