@@ -4,7 +4,7 @@ requests; ours (``llm-serving``) against Inductor ``reduce-overhead`` with the s
 by hand and its Mega-Cache (``torch.compiler.save_cache_artifacts`` / ``load_cache_artifacts``).
 
     python benchmarks/serving_replicas.py [--layers 12] [--batches 1,4,8] [--seqs 128,256,512]
-                                          [--requests 100] [--out DIR]
+                                          [--requests 100] [--plan llm-serving] [--out DIR]
 
 Per variant, in this order, each a new Python process sharing one work folder:
 ``ours cold`` (empty cache folder), ``ours second`` (the cache folder the cold replica filled:
@@ -73,7 +73,8 @@ def _pad_to(ids, batches: list[int], seqs: list[int]):
     return padded
 
 
-def child(variant: str, work: str, layers: int, batches: list[int], seqs: list[int], requests: int) -> dict:
+def child(variant: str, work: str, layers: int, batches: list[int], seqs: list[int], requests: int,
+          plan: str = "llm-serving") -> dict:
     import torch
     model = _model(layers, max(seqs))
     example = torch.randint(0, 50257, (max(batches), max(seqs)), device="cuda")
@@ -85,7 +86,7 @@ def child(variant: str, work: str, layers: int, batches: list[int], seqs: list[i
     if variant.startswith("ours"):
         sys.path.insert(0, str(ROOT))
         import pipeline
-        compiled = pipeline.compile_with_plan(model, "llm-serving", cache={"dir": f"{work}/ours-cache"},
+        compiled = pipeline.compile_with_plan(model, plan, cache={"dir": f"{work}/ours-cache"},
                                               shapes={"axes": {"batch": batches, "seq": seqs}})
         with torch.no_grad():
             record = pipeline.warmup(compiled, input_ids=example)
@@ -147,12 +148,14 @@ def main() -> None:
     parser.add_argument("--seqs", default="128,256,512")
     parser.add_argument("--requests", type=int, default=100)
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--plan", default="llm-serving", help="our plan (a name or a YAML path; its buckets are "
+                                                                 "replaced by --batches and --seqs)")
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     batches, seqs = [int(v) for v in args.batches.split(",")], [int(v) for v in args.seqs.split(",")]
     if args.child:
-        print(json.dumps(child(args.child, args.work, args.layers, batches, seqs, args.requests)))
+        print(json.dumps(child(args.child, args.work, args.layers, batches, seqs, args.requests, args.plan)))
         return
     rows = []
     with tempfile.TemporaryDirectory(prefix="serving-replicas-") as work:
@@ -161,7 +164,8 @@ def main() -> None:
             env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=f"{work}/inductor", TRITON_CACHE_DIR=f"{work}/triton-{family}")
             env.pop("PIPELINE_CACHE_GRAPHS", None)
             command = [sys.executable, __file__, "--child", variant, "--work", work, "--layers", str(args.layers),
-                       "--batches", args.batches, "--seqs", args.seqs, "--requests", str(args.requests)]
+                       "--batches", args.batches, "--seqs", args.seqs, "--requests", str(args.requests),
+                       "--plan", args.plan]
             try:
                 done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.timeout)
                 lines = done.stdout.strip().splitlines()
@@ -174,7 +178,7 @@ def main() -> None:
     if args.out:
         from record import write_record
         path = write_record(args.out, "serving-replicas", {"layers": args.layers, "batches": batches, "seqs": seqs,
-                                                            "rows": rows})
+                                                            "plan": args.plan, "rows": rows})
         print(f"written {path}")
 
 if __name__ == "__main__":
