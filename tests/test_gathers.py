@@ -24,9 +24,9 @@ _record_kernels = kernels_fixture(KERNELS)
 
 
 def externs(record) -> int:
-    """ATen calls other than aliases (views, expands and slices of inputs: no work)."""
+    """ATen calls other than aliases (views, expands, permutes and slices of inputs: no work)."""
     return sum(n for name, n in record.contents["extern_calls"].items()
-               if not any(alias in name for alias in ("view", "expand", "slice")))
+               if not any(alias in name for alias in ("view", "expand", "permute", "slice")))
 
 
 def rows_times(x, idx, w):
@@ -42,6 +42,24 @@ def embedding_norm(ids, table, w):
 def weighted_rows(y, order, weights):
     """Each row scaled by its routing weight, both picked in the same order."""
     return y[order] * weights[order].unsqueeze(-1)
+
+
+def relative_bias(scores, table, idx):
+    """Swin's relative position bias: a table's rows picked per (query, key) pair, heads first."""
+    n = scores.shape[-1]
+    return (scores + table[idx.view(-1)].view(n, n, -1).permute(2, 0, 1)).softmax(-1)
+
+
+def shifted_window_bias(mask, table, idx):
+    """Swin's shifted windows: the bias made contiguous, given a leading axis and added to each
+    window's mask (a reshape between the gather and the add must not split the kernel)."""
+    n = mask.shape[-1]
+    return table[idx.view(-1)].view(n, n, -1).permute(2, 0, 1).contiguous().unsqueeze(0) + mask
+
+
+def bucket_bias(scores, buckets, table):
+    """T5's relative attention bias: an embedding of position buckets, heads first."""
+    return scores + F.embedding(buckets, table).permute(2, 0, 1).unsqueeze(0)
 
 
 def columns(x, idx):
@@ -69,8 +87,11 @@ def top2_combine(y, residual):
     (weighted_rows, (torch.randn(10, 8), torch.randperm(10), torch.rand(10))),
     (columns, (torch.randn(3, 7, 4), torch.tensor([6, 0, -1, 2]))),
     (selected, (torch.randn(3, 7, 4), torch.tensor([6, 0, 3, 2]))),
+    (relative_bias, (torch.randn(2, 3, 9, 9), torch.randn(25, 3), torch.randint(0, 25, (9, 9)))),
+    (bucket_bias, (torch.randn(2, 4, 6, 6), torch.randint(0, 10, (6, 6)), torch.randn(10, 4))),
+    (shifted_window_bias, (torch.randn(4, 1, 9, 9), torch.randn(25, 3), torch.randint(0, 25, (9, 9)))),
 ], ids=["rows", "rows_int32_negative", "embedding_norm", "embedding_norm_bf16", "weighted_rows", "columns",
-        "index_select"])
+        "index_select", "relative_bias_through_permute", "bucket_bias_through_permute", "shifted_window_bias"])
 def test_indexing_is_read_by_the_consuming_kernel(plan, fn, args):
     record = compiled_record(fn, *args, plan=plan)
     assert record.kernels == 1 and externs(record) == 0, record.final_code

@@ -40,7 +40,7 @@ from .onehot import sum_one_hots
 from .pools import slices_through_pads, window_pools
 from .slices import split_elementwise
 from .unroll import unroll_reductions
-from .views import hoist_pads, hoist_permutes, move_views
+from .views import drop_leading_units, hoist_pads, hoist_permutes, move_views
 
 
 def _cat_limits(limits: dict) -> str | None:
@@ -115,7 +115,7 @@ class Fuse(Pass):
 
     name = "fuse"
     Options = FuseOptions
-    version = "32"
+    version = "33"
     cache_material = rules.cache_material   # rules a plugin adds or replaces change the output
     requires = frozenset({"functional", "aten"})
     provides = frozenset({"fused"})
@@ -169,6 +169,9 @@ class Fuse(Pass):
             graph = compat.retrace(graph, context.example_inputs, decompositions=decompositions)
         if self.options.move_views and self.options.conv_bias_apart and hoist_permutes(graph):
             context.note("a convolution's bias moved across a permute into the kernel reading it", topic="fusion")
+        if self.options.move_views and drop_leading_units(graph):
+            context.note("leading size-1 axes of broadcast operands dropped (no reshape between their kernels)",
+                         topic="fusion")
         if self.options.sum_one_hots:
             summed = sum_one_hots(graph)
             if summed:

@@ -210,10 +210,9 @@ def index_views(graph: torch.fx.GraphModule) -> int:
 _UNIT_VIEWS = VIEWS + (aten.unsqueeze.default,)
 
 
-def _unit_view_of(node: torch.fx.Node, k: int) -> tuple[torch.fx.Node, list, int] | None:
-    """``(view, shape, position)`` when the only user of the 1-D indexing ``node`` is a view that
-    inserts size-1 axes into its result (``weights[idx].unsqueeze(-1)``): the gather is then made in
-    the view's shape, with the picked dim ``k`` at ``position``, so no reshape follows it."""
+def _unit_insert(node: torch.fx.Node) -> tuple[torch.fx.Node, list[int]] | None:
+    """``(view, positions)`` when the only user of ``node`` is a view inserting size-1 axes into its
+    result (``bias.unsqueeze(0)``): ``positions[i]`` is where ``node``'s axis ``i`` lands."""
     if len(node.users) != 1:
         return None
     view = next(iter(node.users))
@@ -222,36 +221,69 @@ def _unit_view_of(node: torch.fx.Node, k: int) -> tuple[torch.fx.Node, list, int
     shape, result = list(meta_of(view).shape), list(meta_of(node).shape)
     if not static_sizes(shape) or len(shape) <= len(result):
         return None
-    position, matched = None, 0
+    positions = []
     for p, size in enumerate(shape):
-        if matched < len(result) and size == result[matched]:
-            if matched == k:
-                position = p
-            matched += 1
+        if len(positions) < len(result) and size == result[len(positions)]:
+            positions.append(p)
         elif size != 1:
             return None
-    return (view, shape, position) if matched == len(result) and position is not None else None
+    return (view, positions) if len(positions) == len(result) else None
+
+
+def _unit_view_of(node: torch.fx.Node, k: int) -> tuple[torch.fx.Node, list, int] | None:
+    """``(view, shape, position)`` when the only user of the 1-D indexing ``node`` is a view that
+    inserts size-1 axes into its result (``weights[idx].unsqueeze(-1)``): the gather is then made in
+    the view's shape, with the picked dim ``k`` at ``position``, so no reshape follows it."""
+    unit = _unit_insert(node)
+    if unit is None:
+        return None
+    view, positions = unit
+    return view, list(meta_of(view).shape), positions[k]
+
+
+def _sole_permute(node: torch.fx.Node, positions: list[int]) -> tuple[torch.fx.Node, list[int]] | None:
+    """``(permute, dims)`` when the only user of the indexing ``node`` is a ``permute`` whose result
+    some kernel consumes and which keeps the index's dims (at ``positions`` of the result) in their
+    order: the gather can then be made in the permuted shape, reading its source through the
+    permuted view (T5's and Swin's relative position biases, ``table[idx].permute(2, 0, 1)``)."""
+    if len(node.users) != 1:
+        return None
+    permute = next(iter(node.users))
+    if permute.op != "call_function" or permute.target is not aten.permute.default:
+        return None
+    rank = meta_of(node).dim()
+    dims = [d % rank for d in permute.args[1]]
+    moved = [dims.index(p) for p in positions]
+    if moved != sorted(moved) or not any(classify(user)[0] is not None for user in permute.users):
+        return None
+    return permute, dims
 
 
 def index_as_gather(graph: torch.fx.GraphModule) -> int:
-    """Rewrite indexing whose result some kernel consumes as a gather (module docstring); returns
-    how many were rewritten. New nodes carry example values.
+    """Rewrite indexing whose result some kernel consumes (directly, or through a permute that
+    keeps the index's dims in order) as a gather (module docstring); returns how many were
+    rewritten. New nodes carry example values.
 
     The gather is made in the result's own shape ``x[:k] + idx.shape + x[k+1:]`` (or in the shape
-    of a sole view that inserts size-1 axes into it), so no reshape follows it: its source is
-    ``x`` viewed to that rank (size-1 axes where the index has its leading dims, broadcast there
-    by an expand) and its index is ``idx`` viewed into the gathered position and expanded."""
+    of a sole view that inserts size-1 axes into it, or of a sole permute), so no reshape follows
+    it: its source is ``x`` viewed to that rank (size-1 axes where the index has its leading dims,
+    broadcast there by an expand) and its index is ``idx`` viewed into the gathered position and
+    expanded."""
     rewritten = 0
     for node in list(graph.graph.nodes):
         found = indexing(node)
-        if found is None or not any(classify(user)[0] is not None for user in node.users):
+        if found is None:
             continue
         x, k, idx = found
         value, index = meta_of(x), meta_of(idx)
+        permuted = _sole_permute(node, list(range(k, k + index.dim())))
+        if permuted is None and not any(classify(user)[0] is not None for user in node.users):
+            continue
         size = int(value.shape[k])
-        viewed = _unit_view_of(node, k) if index.dim() == 1 else None
+        viewed = _unit_view_of(node, k) if index.dim() == 1 and permuted is None else None
+        replaced = node
         if viewed is not None:          # gather in the view's shape: x viewed with the same unit axes
-            node, shape, dim = viewed
+            replaced, shape, dim = viewed
             source_shape = [s if p != dim else size for p, s in enumerate(shape)]
             wide_source = source_shape
         else:
@@ -262,20 +294,34 @@ def index_as_gather(graph: torch.fx.GraphModule) -> int:
         index_shape = [1] * len(shape)
         for d in range(index.dim()):
             index_shape[dim - index.dim() + 1 + d] = index.shape[d]
-        with graph.graph.inserting_before(node):
+        with graph.graph.inserting_before(replaced if permuted is None else permuted[0]):
             source = x
             if source_shape != list(value.shape):
                 source = call_with_value(graph.graph, aten.view.default, (x, source_shape))
             if wide_source != source_shape:
                 source = call_with_value(graph.graph, aten.expand.default, (source, wide_source))
+            if permuted is not None:    # the index's dims keep their order: a reshape of idx still
+                replaced, dims = permuted
+                source = call_with_value(graph.graph, aten.permute.default, (source, dims))
+                shape, index_shape, dim = [shape[d] for d in dims], [index_shape[d] for d in dims], dims.index(dim)
+                unit = _unit_insert(replaced)
+                if unit is not None:    # and size-1 axes inserted after it: made in that shape too
+                    replaced, positions = unit
+                    wide = list(meta_of(replaced).shape)
+                    source_shape, unit_index = [1] * len(wide), [1] * len(wide)
+                    for axis, position in enumerate(positions):
+                        source_shape[position] = meta_of(source).shape[axis]
+                        unit_index[position] = index_shape[axis]
+                    source = call_with_value(graph.graph, aten.view.default, (source, source_shape))
+                    shape, index_shape, dim = wide, unit_index, positions[dim]
             shaped = call_with_value(graph.graph, aten.reshape.default, (idx, index_shape))
             negative = call_with_value(graph.graph, aten.lt.Scalar, (shaped, 0))
             wrapped = call_with_value(graph.graph, aten.add.Tensor, (shaped, size))
             position = call_with_value(graph.graph, aten.where.self, (negative, wrapped, shaped))
             wide = call_with_value(graph.graph, aten.expand.default, (position, shape))
             picked = call_with_value(graph.graph, aten.gather.default, (source, dim, wide))
-        node.replace_all_uses_with(picked)
-        graph.graph.erase_node(node)
+        replaced.replace_all_uses_with(picked)
+        graph.graph.erase_node(replaced)        # the nodes it read from die too (below)
         rewritten += 1
     if rewritten:
         graph.graph.eliminate_dead_code()

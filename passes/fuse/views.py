@@ -71,6 +71,36 @@ def hoist_permutes(graph: torch.fx.GraphModule) -> int:
     return rewrite_in_rounds(graph, (_hoist_permute,))
 
 
+def drop_leading_units(graph: torch.fx.GraphModule) -> int:
+    """``f(view(a), b)`` becomes ``f(a, b)`` where the view only puts size-1 axes in front of ``a``
+    (``bias.unsqueeze(0)``) and ``f`` is a broadcasting pointwise node with another operand of at
+    least the view's rank: broadcasting aligns shapes from the right, so the leading 1s change
+    nothing, and the kernel computing ``a`` can then grow into ``f``'s (a reshape between them
+    stops fusion: Swin's and T5's relative position biases added to the scores). Returns how many
+    operands were replaced."""
+    replaced = 0
+    for node in list(graph.graph.nodes):
+        if not _broadcast_elementwise(node):
+            continue
+        for arg in list(node.all_input_nodes):
+            if arg.op != "call_function" or arg.target not in VIEWS + (aten.unsqueeze.default,) \
+                    or not isinstance(arg.args[0], torch.fx.Node) or not isinstance(meta_of(arg.args[0]), torch.Tensor):
+                continue
+            shape, inner = tuple(meta_of(arg).shape), tuple(meta_of(arg.args[0]).shape)
+            lead = len(shape) - len(inner)
+            if lead <= 0 or shape[lead:] != inner or any(size != 1 for size in shape[:lead]):
+                continue
+            others = [meta_of(a).dim() for a in node.all_input_nodes if a is not arg]
+            if not others or max(others) < len(shape):
+                continue            # the view's rank sets the result's: keep it
+            node.replace_input_with(arg, arg.args[0])
+            replaced += 1
+    if replaced:
+        graph.graph.eliminate_dead_code()
+        graph.recompile()
+    return replaced
+
+
 def rewrite_in_rounds(graph: torch.fx.GraphModule, rewrites: tuple) -> int:
     """Apply each rewrite (``rewrite(graph, node) -> 0 | 1``) to every node, in rounds until none
     applies (at most ``MAX_ROUNDS``), one rewrite after the other; returns how many applied."""
@@ -117,8 +147,8 @@ def _viewable(value: torch.Tensor, shape: list) -> bool:
 
 
 def _in_kernel(node: torch.fx.Node) -> bool:
-    """Computed by a fusable node (so a kernel, after ``fuse``)."""
-    return classify(node)[0] in ("pointwise", "reduction")
+    """Computed by a fusable node (so a kernel, after ``fuse``; a gather too)."""
+    return classify(node)[0] in ("pointwise", "reduction", "gather")
 
 
 def _feeds_kernel(node: torch.fx.Node) -> bool:
