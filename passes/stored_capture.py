@@ -8,6 +8,10 @@ class and ``forward``, the plan, its passes and the machine, as a compiled graph
 a call checks the guards of each entry in turn and runs the first that passes. With none
 passing, the call is traced (and stored) as a new entry, up to the recompile limit.
 
+A capture with symbolic sizes is stored like any other; its graph's entry is written again when the
+graph makes a size class at run time (passes/codegen/specialize.py), and a graph rebuilt for it runs
+a size outside its stored classes eagerly, group by group.
+
 Calls this does not serve go through Dynamo as usual (the capture pass's normal path), with the
 reason kept in :attr:`StoredCaptures.notes`: calls that need gradients (training graphs go
 through AOTAutograd), a model that breaks the graph (a stored capture is one whole graph),
@@ -207,9 +211,6 @@ class StoredCaptures:
             graph_id = compilation.graphs[-1].graph_id if compilation.graphs else None
             key = compilation.stored_keys.get(graph_id)
             storable.append(False)
-            if _symbolic(example_inputs):
-                self.note("captures with symbolic sizes are not stored")
-                return fn, None
             if key is None:
                 self.note(f"graph {graph_id} is not in the compile cache ({compilation.graphs[-1].cache.get('reason')}), "
                           f"so its capture is not stored")
@@ -250,11 +251,6 @@ def _caller(target: Callable) -> Callable:
     # Its own code object, as the capture pass's own caller has: Dynamo's automatic-dynamic state
     # is kept per code object, and two models sharing one would make the second one's sizes symbolic.
     return precompile.with_own_globals(with_own_code(call, f"stored_{type(target).__name__}"))
-
-
-def _symbolic(example_inputs: list) -> bool:
-    return any(isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and any(not isinstance(s, int) for s in v.shape))
-               for v in example_inputs)
 
 
 def _needs_grad(target: Callable, args: tuple, kwargs: dict) -> bool:

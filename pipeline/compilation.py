@@ -223,15 +223,16 @@ class Compilation:
             entry = {"notes": list(context.notes), "tags": sorted(context.tags),
                      "shape_guards": compat.shape_guards_since(example_inputs, guards_before)}
 
-            def store() -> None:
+            def store(again: bool = False) -> None:
                 self.cache.store(probe, final, target=context.target, record=entry)
                 record.cache = probe.summary()
                 if probe.stored:
                     self.stored_keys[graph_id] = probe.key
-                if probe.status != "off":
+                if probe.status != "off" and not again:
                     context.notes.append({"pass": None, "topic": "cache", "message":
                                           f"cache {probe.status}{' (stored)' if probe.stored else ''}: "
                                           f"{probe.reason}"})
+            context.store_again = lambda write=store: probe.stored and write(again=True)
             if plan.verify == "off":     # otherwise stored once the first call verified it
                 store()
                 store = None

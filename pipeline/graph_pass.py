@@ -159,10 +159,10 @@ class PassContext:
     current_pass: str | None = None
     fuel: Fuel | None = None
     record: Any = None      # the GraphRecord of this graph (see set_metric)
-    #: A training step's forward graph (split by the plan's split pass): how many of its outputs are
-    #: the step's results; the outputs after them are what the backward reads (saved tensors, then
-    #: saved SymInts). None for other graphs, and for a forward torch's partitioner split.
+    #: A training forward split by the plan's split pass: how many outputs are the step's results (the
+    #: backward reads the rest: saved tensors, then SymInts). None otherwise (torch's partitioner too).
     forward_outputs: int | None = None
+    store_again: Any = None     # writes the graph's stored cache entry again (kernels made at run time)
 
     def note(self, message: str, *, topic: str = "passes") -> None:
         """Record a decision (a rewrite chosen or skipped, a cache hit...) for the compile report,

@@ -1,5 +1,4 @@
-"""What happened to one captured graph: the record a compile keeps per graph, read by the
-compile report, ``explain`` and the plan's expectations."""
+"""What a compile keeps per captured graph, read by the compile report, ``explain`` and expectations."""
 from __future__ import annotations
 
 import attrs

@@ -316,3 +316,46 @@ def test_a_plain_function_is_stored_and_served_without_tracing(tmp_path):
     torch.testing.assert_close(second(x, y), softplus_sum(x, y))
     stored = compilation_of(second).runtime["stored_captures"]
     assert stored.counts()["stored_capture_hits"] == 1 and compilation_of(second).captures == [], stored.notes
+
+
+def dynamic_calls(folder: Path, model: torch.nn.Module, rows: list[int]):
+    """A compile with sizes symbolic from the first call, called at ``rows`` rows, each checked."""
+    compiled = compile_with_plan(model, "default", cache={"dir": str(folder)},
+                                 options={"capture": {"precompile": True, "dynamic": True}})
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for n in rows:
+            x = torch.randn(n, 32, generator=generator)
+            torch.testing.assert_close(compiled(x), model(x))
+    compilation = compilation_of(compiled)
+    return compilation, compilation.runtime["stored_captures"]
+
+
+def test_a_dynamic_capture_is_stored_with_the_size_classes_its_graph_made_after_the_compile(tmp_path):
+    """4096 rows cross the C++ kernels' parallel threshold: a size class made on a later call, after
+    the graph was stored. Its entry is written again with it, so a later compile loads the capture,
+    rebuilds the graph and serves every size without tracing or generating a kernel."""
+    torch.manual_seed(0)
+    model = Scaled().eval()
+    _, stored = dynamic_calls(tmp_path, model, [8, 12, 4096])
+    assert stored.counts()["captures_stored"] == 1, (stored.counts(), stored.notes)
+    torch._dynamo.reset()
+    second, stored = dynamic_calls(tmp_path, model, [8, 12, 4096, 5])
+    counts = stored.counts()
+    assert counts["stored_captures_loaded"] == 1 and counts["captures_traced_for_storing"] == 0, counts
+    (graph,) = second.graphs
+    sizes = graph.metrics["size_specializations"]
+    assert graph.cache["status"] == "hit" and sizes["builds"] == 0 and sizes["classes"] >= 2, sizes
+
+
+def test_a_size_outside_a_stored_dynamic_graphs_classes_runs_its_groups_eagerly_with_the_reason(tmp_path):
+    """A graph rebuilt for a stored capture has no compile's shapes to generate kernels in: a size
+    its stored classes do not cover runs the groups eagerly (still matching eager), noted."""
+    torch.manual_seed(0)
+    model = Scaled().eval()
+    dynamic_calls(tmp_path, model, [8, 12])
+    torch._dynamo.reset()
+    second, _ = dynamic_calls(tmp_path, model, [4096, 8])
+    (graph,) = second.graphs
+    sizes = graph.metrics["size_specializations"]
+    assert sizes["kernels"] == 0 and any("no shape environment" in n for n in sizes["eager"]), sizes

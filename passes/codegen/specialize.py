@@ -225,9 +225,10 @@ class Specializer:
     def _with_values(self, group: FusedGroup) -> None:
         """Give a group rebuilt from the cache its example values (symbolic sizes in the shape
         environment of the compile it was rebuilt in) before it is generated again."""
-        described = self.described.pop(group.name, None)
-        if described is not None:
+        described = self.described.get(group.name)
+        if described is not None:       # ValueError without a compile's shapes (a stored capture's graph)
             compat.rebuild_symbolic_metadata(group.subgraph, described, self.runtime.context.example_inputs)
+            del self.described[group.name]
 
     def key(self, group: FusedGroup, binding: dict) -> tuple:
         return (group.name, tuple(binding[s] for s in sorted(self.symbols[group.name], key=str)))
@@ -281,6 +282,9 @@ class Specializer:
         left = [g for g in groups if g.name in self.per_size]
         if symbolic:
             left += self._generate(binding, symbolic, per_binding=False)
+            store_again = getattr(self.runtime.context, "store_again", None)
+            if store_again is not None:     # the stored cache entry gets the new size classes too
+                store_again()
         if left:
             self._generate(binding, left, per_binding=True)
 
@@ -344,11 +348,12 @@ class Specializer:
 
     def summary(self) -> dict:
         """Sizes seen, builds, and the kernels made: size-class kernels per group and the groups
-        made per size."""
+        made per size; ``eager``: why groups ran eagerly at sizes seen after the compile."""
         return {"groups": len(self.groups), "sizes": list(self.sizes), "seen": self.seen, "builds": self.builds,
                 "limit": self.runtime.limit, "kernels": self.generated,
                 "classes": sum(len(k) for k in self.classes.values()),
                 "per_size_groups": sorted(self.per_size),
+                "eager": [n for n in self.notes if "runs eagerly" in n][-SIZES_KEPT:],
                 "facts": {name: [list(k.size_class.facts) for k in kernels]
                           for name, kernels in self.classes.items() if kernels}}
 
