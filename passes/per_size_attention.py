@@ -24,7 +24,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from pipeline import compat
 from passes.attention_masks import constant_form, visible_keys
-from passes.codegen.extern_layouts import ALIGNED_INPUTS, ALIGNMENT, aligned
+from passes.kernel_ir.extern_layouts import ALIGNED_INPUTS, ALIGNMENT, aligned
 
 MASK_NAMES = ("attn_mask", "attn_bias")
 FORMS = ("causal", "none", "mask")
@@ -49,7 +49,7 @@ def _bound(node: torch.fx.Node) -> dict:
 
 
 def _aligned_copy(mask: torch.Tensor) -> torch.Tensor:
-    """``mask`` in a layout the fused kernels take as a bias (passes/codegen/extern_layouts.py):
+    """``mask`` in a layout the fused kernels take as a bias (passes/kernel_ir/extern_layouts.py):
     broadcast axes kept broadcast, the last axis padded to a multiple of ALIGNMENT and sliced back."""
     base = mask
     for dim, (size, step) in enumerate(zip(mask.shape, mask.stride())):

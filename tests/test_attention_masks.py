@@ -108,7 +108,7 @@ def _bias_graph(bias: torch.Tensor) -> tuple[torch.fx.GraphModule, torch.fx.Node
 def test_a_bias_the_fused_kernels_would_refuse_gets_an_aligned_copy():
     """A one-token bias written densely over heads (head stride 1, as fusion wrote llm-serving's
     seq-1 bucket) is copied into a padded, sliced layout; broadcast axes stay stride 0."""
-    from passes.codegen.extern_layouts import aligned, align_extern_inputs
+    from passes.kernel_ir.extern_layouts import aligned, align_extern_inputs
     dense = torch.randn(2, 12, 1, 1)
     assert not aligned(dense)
     assert aligned(torch.randn(2, 12, 64, 64)) and aligned(torch.randn(2, 1, 1, 64).expand(2, 12, 64, 64))
@@ -143,7 +143,7 @@ def test_a_bias_of_symbolic_length_gets_a_copy_padded_by_the_length_it_is_called
     lengths that need padding and lengths that do not."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
-    from passes.codegen.extern_layouts import align_extern_inputs, aligned
+    from passes.kernel_ir.extern_layouts import align_extern_inputs, aligned
     mode = FakeTensorMode(shape_env=ShapeEnv())
     dynamic = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.STATIC] * 3 + [DimDynamic.DYNAMIC])
     row = mode.from_tensor(torch.randn(2, 1, 1, 40), symbolic_context=dynamic)
@@ -263,7 +263,7 @@ def test_a_dynamic_encoder_runs_with_aligned_bias_copies_at_every_length(monkeyp
     needing the aligned layout (the copy is exact, so results must not change), an encoder with a
     key-padding mask compiled with a dynamic length. The generated host code computes each copy's
     padding from the length of the call (lengths that need padding and lengths that do not)."""
-    from passes.codegen import extern_layouts
+    from passes.kernel_ir import extern_layouts
     from pipeline import compilation_of
     monkeypatch.setitem(extern_layouts.ALIGNED_INPUTS,
                         torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, ("attn_mask",))
@@ -300,3 +300,28 @@ def test_a_constant_mask_that_cannot_be_computed_at_capture_stays():
     gm = torch.fx.GraphModule(torch.nn.Module(), graph)
     assert constant_attention_masks(gm, ["cpu"]) == 0
     assert attention.kwargs["attn_mask"] is mask
+
+
+def test_a_bias_a_kernel_computes_is_written_in_the_aligned_layout_by_that_kernel(monkeypatch):
+    """Swin's relative position bias plus its window mask, 49 keys: the aligned layout is made before
+    fusion, so the kernel computing the bias writes it padded to 64 keys and no copy follows (CPU
+    flash attention's mask registered as needing the aligned layout, as on CUDA)."""
+    from passes.kernel_ir import extern_layouts
+    from pipeline import compilation_of
+    monkeypatch.setitem(extern_layouts.ALIGNED_INPUTS,
+                        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, ("attn_mask",))
+
+    def windows(q, table, idx, mask):
+        n = q.shape[-2]
+        bias = table[idx.view(-1)].view(n, n, -1).permute(2, 0, 1).contiguous().unsqueeze(0) + mask
+        return F.scaled_dot_product_attention(q, q, q, attn_mask=bias)
+
+    generator = torch.Generator().manual_seed(0)
+    args = (torch.randn(4, 3, 49, 16, generator=generator), torch.randn(169, 3, generator=generator),
+            torch.randint(0, 169, (49, 49), generator=generator), torch.randn(4, 1, 49, 49, generator=generator))
+    compiled = compile_with_plan(windows, "default")
+    with torch.no_grad():
+        assert compare(windows(*args), compiled(*args)) is None
+    (record,) = compilation_of(compiled).graphs
+    assert record.kernels == 1 and "constant_pad_nd" not in record.final_code, record.final_code
+    assert "[9408, 3136, 64, 1]" in record.final_code      # the kernel's padded output, read as the bias

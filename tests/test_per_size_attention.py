@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from pipeline import compilation_of, compile_with_plan
 from pipeline.numerics import compare
 from passes.per_size_attention import PerSizeMaskAttention, _aligned_copy
-from passes.codegen.extern_layouts import aligned
+from passes.kernel_ir.extern_layouts import aligned
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 

@@ -37,7 +37,7 @@ from .cpp.build import build, digest_path
 from .cpp.launch import launcher as cpp_launcher
 from .cpp.source import kernel_source, module_source
 from .buffers import reuse_buffers
-from .extern_layouts import align_extern_inputs
+from passes.kernel_ir.extern_layouts import align_extern_inputs
 from .host import fold_views, lower_linear, to_host_module
 from .specialize import METRIC as SIZES_METRIC, SizeRuntime, specialize_graph
 

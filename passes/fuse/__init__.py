@@ -28,6 +28,7 @@ from pipeline import Pass, PassContext, device_types, non_negative, option, posi
 from pipeline import compat
 from passes.kernel_ir.groups import FusedGroup, end_padding, input_padding, meta_of, reduction_axes
 from passes.kernel_ir import rules
+from passes.kernel_ir.extern_layouts import align_extern_inputs
 
 from .canonicalize import FUSION_DECOMPOSITIONS, fold_lone_sources, split_shared_sources, without_conv_bias
 from .choices import FusionChoices
@@ -115,7 +116,7 @@ class Fuse(Pass):
 
     name = "fuse"
     Options = FuseOptions
-    version = "33"
+    version = "34"
     cache_material = rules.cache_material   # rules a plugin adds or replaces change the output
     requires = frozenset({"functional", "aten"})
     provides = frozenset({"fused"})
@@ -169,6 +170,10 @@ class Fuse(Pass):
             graph = compat.retrace(graph, context.example_inputs, decompositions=decompositions)
         if self.options.move_views and self.options.conv_bias_apart and hoist_permutes(graph):
             context.note("a convolution's bias moved across a permute into the kernel reading it", topic="fusion")
+        aligned = align_extern_inputs(graph)
+        if aligned:     # made here, the padding joins the kernel computing the value (a padded output)
+            context.note(f"{aligned} attention bias(es) padded to the aligned layout the fused attention kernels "
+                         "need, before grouping", topic="fusion")
         if self.options.move_views and drop_leading_units(graph):
             context.note("leading size-1 axes of broadcast operands dropped (no reshape between their kernels)",
                          topic="fusion")

@@ -24,8 +24,8 @@ import sympy
 import torch
 import torch.fx
 
-from passes.kernel_ir.groups import meta_of
-from passes.kernel_ir.nodes import call_with_value
+from .groups import meta_of
+from .nodes import call_with_value
 
 aten = torch.ops.aten
 
