@@ -170,7 +170,8 @@ class Fuse(Pass):
             graph = compat.retrace(graph, context.example_inputs, decompositions=decompositions)
         if self.options.move_views and self.options.conv_bias_apart and hoist_permutes(graph):
             context.note("a convolution's bias moved across a permute into the kernel reading it", topic="fusion")
-        aligned = align_extern_inputs(graph)
+        with compat.guards_suppressed(context.example_inputs):     # (a symbolic stride is compared)
+            aligned = align_extern_inputs(graph)
         if aligned:     # made here, the padding joins the kernel computing the value (a padded output)
             context.note(f"{aligned} attention bias(es) padded to the aligned layout the fused attention kernels "
                          "need, before grouping", topic="fusion")

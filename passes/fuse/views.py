@@ -80,8 +80,10 @@ def drop_leading_units(graph: torch.fx.GraphModule) -> int:
     operands were replaced."""
     replaced = 0
     for node in list(graph.graph.nodes):
-        if not _broadcast_elementwise(node):
-            continue
+        values = [meta_of(n) for n in (node, *node.all_input_nodes)]
+        if not all(isinstance(v, torch.Tensor) and static_sizes(v.shape) for v in values) \
+                or not _broadcast_elementwise(node):
+            continue        # (symbolic sizes: comparing them would guard on them)
         for arg in list(node.all_input_nodes):
             if arg.op != "call_function" or arg.target not in VIEWS + (aten.unsqueeze.default,) \
                     or not isinstance(arg.args[0], torch.fx.Node) or not isinstance(meta_of(arg.args[0]), torch.Tensor):
