@@ -131,7 +131,7 @@ def run_model(model: zoo.ZooModel, *, mode: str, device: str, size: str, variant
         target = copy.deepcopy(base) if training and variant.kind != "eager" else base
         try:
             before = variant.snapshot()
-            compiled = variant.make(target, cache_dir / variant.name)
+            compiled = variant.make(target, cache_dir / variant.name.replace("/", "_"), model.name)
             step = _Step(compiled, target, built.loss, device, variant, args, kwargs) if training else None
             call = step if training else (lambda c=compiled: _run(c, args, kwargs))
             start = time.perf_counter()

@@ -27,7 +27,9 @@ class Variant:
     step_begin: Callable[[], None] | None = None
     wrap: Callable[[torch.nn.Module], Callable] | None = None    # custom: how to make the callable
 
-    def make(self, module: torch.nn.Module, cache_dir: Path) -> Callable:
+    def make(self, module: torch.nn.Module, cache_dir: Path, model: str = "") -> Callable:
+        """The compiled callable; ``{model}`` in our plan's path is the zoo model's name (a plan
+        per model, such as the ones benchmarks/zoo/tune.py writes)."""
         if self.kind == "eager":
             return module
         if self.kind == "custom":
@@ -36,7 +38,8 @@ class Variant:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir / "inductor")
             os.environ["TRITON_CACHE_DIR"] = str(cache_dir / "triton")
             return torch.compile(module, mode=None if self.setting == "default" else self.setting)
-        return compile_with_plan(module, self.setting, cache={"dir": str(cache_dir / "pipeline")})
+        return compile_with_plan(module, self.setting.replace("{model}", model),
+                                 cache={"dir": str(cache_dir / "pipeline")})
 
     def snapshot(self) -> int:
         from torch._dynamo.utils import counters
@@ -92,7 +95,7 @@ def variant(name: str) -> Variant:
     """The variant called ``name``: one of :data:`VARIANTS`, or ``<ours variant>@<plan>`` (a
     built-in plan's name or a YAML path), our plan judged in the named variant's mode, so that a
     plan's option can be compared with the built-in plans in the same run
-    (``ours-default@plans/experiment.yaml``)."""
+    (``ours-default@plans/experiment.yaml``; ``ours-default@tuned/{model}.yaml``: one plan per model)."""
     if name in VARIANTS:
         return VARIANTS[name]
     base, _, plan = name.partition("@")
