@@ -168,6 +168,8 @@ def analyze(group: FusedGroup) -> LoopNest:
     pinned |= {axis for _, bounds, _ in padded.values() for axis, _, _ in bounds}
     elementwise = not reduced and not any(packet_name(n.target) in REDUCTIONS for n in nodes)
     order = _memory_order(raw_outputs[0][1]) if elementwise and raw_outputs else None
+    if reduced and not elementwise:
+        order = _reduced_memory_order(list(raw_loads.values()), reduced, len(domain))
     loop_sizes, red, loads, outputs, origin = _merge_axes(list(domain), reduced, raw_loads, raw_outputs, pinned,
                                                           order)
     ramps = {}
@@ -222,6 +224,22 @@ def _memory_order(strides: list) -> list[int] | None:
         return None
     order = sorted(range(len(strides)), key=lambda axis: -strides[axis])
     return None if order == sorted(order) else order
+
+
+def _reduced_memory_order(loads: list, reduced: tuple, rank: int) -> list[int] | None:
+    """The domain axes with the reduced ones in the memory order of the first input that reads
+    them all (largest stride first, so the innermost reduced loop walks the smallest stride: a group
+    norm of a channels-last image reduces channels innermost, not pixels a row apart), the outer
+    axes where they are; None when that is the domain's own order or a stride is symbolic."""
+    for strides in loads:
+        if not all(type(strides[a]) is int for a in reduced) or not all(strides[a] for a in reduced):
+            continue
+        ranked = sorted(reduced, key=lambda a: -strides[a])
+        if ranked == sorted(reduced):
+            return None
+        slots = iter(ranked)
+        return [next(slots) if a in reduced else a for a in range(rank)]
+    return None
 
 
 def _merge_axes(sizes: list[int], reduced: tuple, loads: dict, outputs: list, pinned: set = frozenset(),
