@@ -209,6 +209,35 @@ def test_random_gathers_and_small_sums_match_eager(rows, width, picks, dim, dtyp
     compiled_record(fn, x, idx)
 
 
+@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(table=st.integers(2, 30), width=st.integers(1, 5), index_shape=st.lists(st.integers(1, 6), min_size=1, max_size=2),
+       order=st.randoms(use_true_random=False), lead=st.booleans(), contiguous=st.booleans(),
+       embedding=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_random_picks_read_through_a_permute_match_eager(table, width, index_shape, order, lead, contiguous,
+                                                          embedding, seed):
+    """A table's rows picked by an index of one or two dims, then permuted (random orders, some
+    keeping the index's dims in order, some not), optionally made contiguous and given a leading
+    axis, then added to a broadcast operand: the C++ backend against eager, whatever was fused."""
+    generator = torch.Generator().manual_seed(seed)
+    weights = torch.randn(table, width, generator=generator)
+    idx = torch.randint(0, table, tuple(index_shape), generator=generator)
+    dims = list(range(len(index_shape) + 1))
+    order.shuffle(dims)
+    shape = [(tuple(index_shape) + (width,))[d] for d in dims]
+    other = torch.randn([2, *shape] if lead else shape, generator=generator)
+
+    def fn(weights, idx, other):
+        picked = F.embedding(idx, weights) if embedding else weights[idx]
+        moved = picked.permute(dims)
+        if contiguous:
+            moved = moved.contiguous()
+        if lead:
+            moved = moved.unsqueeze(0)
+        return moved + other
+
+    compiled_record(fn, weights, idx, other)
+
+
 @pytest.mark.parametrize("plan", BACKENDS)
 def test_index_arithmetic_joins_the_gathering_kernel(plan):
     """A mixture-of-experts layer's token of each slot, ``x[order // top_k]``: the floor division
