@@ -6,8 +6,8 @@ model, for the zoo runner to compare with the built-in plans and Inductor in one
         --variants inductor-default,inductor-reduce-overhead,ours-default,ours-reduce-overhead,ours-default@tuned/{model}.yaml
 
 Each model is tuned in its own process (a crash costs that model only) with ``--budget`` seconds
-for the option search (the built-in bases are always measured). Writes ``<out>/<model>.yaml`` (the
-winner: a plan that extends its base and states what it changed) and ``<out>/tune.json`` (per
+for the search (built-in bases first, until it is spent; at least one). Writes ``<out>/<model>.yaml``
+(the winner: a plan that extends its base and states what it changed) and ``<out>/tune.json`` (per
 model: the winner, its base, the changed options and every trial's verdict and time per call, or
 the error). Inference only: the models in the same dtype and inputs as the runner's inference rows.
 """

@@ -132,8 +132,8 @@ def tune(model: Any, *inputs: Any, base: str | None = None, budget: float = 300.
          stream: TextIO | None = None, **kwargs: Any) -> TuneResult:
     """Find the fastest plan that matches eager for ``model`` called with ``inputs`` (and keyword
     ``kwargs``); see the module docstring. ``base``: start from this plan only (a name or path);
-    default: every built-in plan of the mode. ``budget``: seconds for the search (the bases are
-    always measured). ``out``: write the winning plan there as YAML. Progress goes to ``stream``
+    default: every built-in plan of the mode. ``budget``: seconds for the search (bases are tried
+    first, in turn, until it is spent; at least one). ``out``: write the winning plan there as YAML. Progress goes to ``stream``
     (standard error by default)."""
     stream = sys.stderr if stream is None else stream
     started = time.perf_counter()
