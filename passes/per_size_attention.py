@@ -24,7 +24,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from pipeline import compat
 from passes.attention_masks import constant_form, visible_keys
-from passes.kernel_ir.extern_layouts import ALIGNED_INPUTS, ALIGNMENT, aligned
+from passes.kernel_ir.extern_layouts import ALIGNED_INPUTS, aligned, aligned_copy
 
 MASK_NAMES = ("attn_mask", "attn_bias")
 FORMS = ("causal", "none", "mask")
@@ -48,18 +48,6 @@ def _bound(node: torch.fx.Node) -> dict:
     return {**dict(zip(names, node.args)), **node.kwargs}
 
 
-def _aligned_copy(mask: torch.Tensor) -> torch.Tensor:
-    """``mask`` in a layout the fused kernels take as a bias (passes/kernel_ir/extern_layouts.py):
-    broadcast axes kept broadcast, the last axis padded to a multiple of ALIGNMENT and sliced back."""
-    base = mask
-    for dim, (size, step) in enumerate(zip(mask.shape, mask.stride())):
-        if step == 0 and size != 1:
-            base = base.narrow(dim, 0, 1)
-    last = mask.shape[-1]
-    padded = torch.nn.functional.pad(base, (0, -last % ALIGNMENT))
-    return padded[..., :last].expand(mask.shape)
-
-
 class PerSizeMaskAttention:
     """``op(query, key, value, <mask>, **options)`` where the mask is one of a few tensors that
     come back call after call (a per-size value): each mask's form (``"causal"``, ``"none"`` or
@@ -73,6 +61,7 @@ class PerSizeMaskAttention:
         self.op = op
         self.mask_name = mask_name
         self.options = dict(options)
+        self.calls = {False: self.options, True: {**self.options, "is_causal": True}}   # keywords but the mask
         self.align = op in ALIGNED_INPUTS
         self.forms = dict.fromkeys(FORMS, 0)
         self.__name__ = f"per_size_mask_{op._schema.name.split('::')[-1]}"
@@ -86,28 +75,30 @@ class PerSizeMaskAttention:
         known = by_shape.get(shape) if by_shape is not None else None
         if known is None:
             if compat.is_fake(mask) or compat.capturing_cuda_graph():   # no look at the values here
-                return self._call(query, key, value, self._layout(mask), False)
+                copy = self._copy(mask)
+                return self._call(query, key, value, mask if copy is None else copy, False)
             known = self._classify(query, key, mask)
             self.known.setdefault(mask, {})[shape] = known
-        form, passed = known
-        return self._call(query, key, value, passed, form == "causal")
+        form, copy = known
+        if form == "mask":
+            return self._call(query, key, value, mask if copy is None else copy, False)
+        return self._call(query, key, value, None, form == "causal")
 
     def _classify(self, query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor) -> tuple:
+        """``(form, aligned copy or None)``; never the mask itself, which would keep its entry alive."""
         with torch.no_grad():
             visible = visible_keys(mask)
             form = (constant_form(visible, query.shape[-2], key.shape[-2]) if visible is not None else None) or "mask"
         self.forms[form] += 1
-        return form, (self._layout(mask) if form == "mask" else None)
+        return form, (self._copy(mask) if form == "mask" else None)
 
-    def _layout(self, mask: torch.Tensor) -> torch.Tensor:
-        return _aligned_copy(mask) if self.align and mask.dim() and not aligned(mask) else mask
+    def _copy(self, mask: torch.Tensor) -> torch.Tensor | None:
+        """The mask's aligned copy where the operator needs one it lacks, else None."""
+        return aligned_copy(mask) if self.align and mask.dim() and not aligned(mask) else None
 
     def _call(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
               causal: bool) -> Any:
-        options = {**self.options, self.mask_name: mask}
-        if causal:
-            options["is_causal"] = True
-        return self.op(query, key, value, **options)
+        return self.op(query, key, value, **self.calls[causal], **{self.mask_name: mask})
 
     def __repr__(self) -> str:
         return f"PerSizeMaskAttention({self.op}, {self.forms})"

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 
 from pipeline import compilation_of, compile_with_plan
 from pipeline.numerics import compare
-from passes.per_size_attention import PerSizeMaskAttention, _aligned_copy
-from passes.kernel_ir.extern_layouts import aligned
+from passes.per_size_attention import PerSizeMaskAttention
+from passes.kernel_ir.extern_layouts import aligned, aligned_copy
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -120,5 +120,5 @@ def test_the_aligned_copy_of_a_mask_has_its_values_and_a_layout_the_fused_kernel
     mask = torch.randn(shape)
     if expand is not None:
         mask = mask.expand(expand)
-    made = _aligned_copy(mask)
+    made = aligned_copy(mask)
     assert aligned(made) and made.shape == mask.shape and torch.equal(made, mask)

@@ -281,9 +281,10 @@ class Specializer:
         symbolic = [g for g in groups if g.name not in self.per_size]
         left = [g for g in groups if g.name in self.per_size]
         if symbolic:
+            made = self.generated
             left += self._generate(binding, symbolic, per_binding=False)
             store_again = getattr(self.runtime.context, "store_again", None)
-            if store_again is not None:     # the stored cache entry gets the new size classes too
+            if store_again is not None and self.generated > made:   # the stored entry gets the new classes too
                 store_again()
         if left:
             self._generate(binding, left, per_binding=True)

@@ -230,17 +230,6 @@ def _unit_insert(node: torch.fx.Node) -> tuple[torch.fx.Node, list[int]] | None:
     return (view, positions) if len(positions) == len(result) else None
 
 
-def _unit_view_of(node: torch.fx.Node, k: int) -> tuple[torch.fx.Node, list, int] | None:
-    """``(view, shape, position)`` when the only user of the 1-D indexing ``node`` is a view that
-    inserts size-1 axes into its result (``weights[idx].unsqueeze(-1)``): the gather is then made in
-    the view's shape, with the picked dim ``k`` at ``position``, so no reshape follows it."""
-    unit = _unit_insert(node)
-    if unit is None:
-        return None
-    view, positions = unit
-    return view, list(meta_of(view).shape), positions[k]
-
-
 def _sole_permute(node: torch.fx.Node, positions: list[int]) -> tuple[torch.fx.Node, list[int]] | None:
     """``(permute, dims)`` when the only user of the indexing ``node`` is a ``permute`` whose result
     some kernel consumes and which keeps the index's dims (at ``positions`` of the result) in their
@@ -280,21 +269,15 @@ def index_as_gather(graph: torch.fx.GraphModule) -> int:
         if permuted is None and not any(classify(user)[0] is not None for user in node.users):
             continue
         size = int(value.shape[k])
-        viewed = _unit_view_of(node, k) if index.dim() == 1 and permuted is None else None
-        replaced = node
-        if viewed is not None:          # gather in the view's shape: x viewed with the same unit axes
-            replaced, shape, dim = viewed
-            source_shape = [s if p != dim else size for p, s in enumerate(shape)]
-            wide_source = source_shape
-        else:
-            shape = list(value.shape[:k]) + list(index.shape) + list(value.shape[k + 1:])
-            dim = k + index.dim() - 1
-            source_shape = list(value.shape[:k]) + [1] * (index.dim() - 1) + list(value.shape[k:])
-            wide_source = list(shape[:dim]) + [size] + list(shape[dim + 1:])
+        shape = list(value.shape[:k]) + list(index.shape) + list(value.shape[k + 1:])
+        dim = k + index.dim() - 1
+        source_shape = list(value.shape[:k]) + [1] * (index.dim() - 1) + list(value.shape[k:])
+        wide_source = list(shape[:dim]) + [size] + list(shape[dim + 1:])
         index_shape = [1] * len(shape)
         for d in range(index.dim()):
             index_shape[dim - index.dim() + 1 + d] = index.shape[d]
-        with graph.graph.inserting_before(replaced if permuted is None else permuted[0]):
+        replaced = node
+        with graph.graph.inserting_before(node):
             source = x
             if source_shape != list(value.shape):
                 source = call_with_value(graph.graph, aten.view.default, (x, source_shape))
@@ -304,16 +287,16 @@ def index_as_gather(graph: torch.fx.GraphModule) -> int:
                 replaced, dims = permuted
                 source = call_with_value(graph.graph, aten.permute.default, (source, dims))
                 shape, index_shape, dim = [shape[d] for d in dims], [index_shape[d] for d in dims], dims.index(dim)
-                unit = _unit_insert(replaced)
-                if unit is not None:    # and size-1 axes inserted after it: made in that shape too
-                    replaced, positions = unit
-                    wide = list(meta_of(replaced).shape)
-                    source_shape, unit_index = [1] * len(wide), [1] * len(wide)
-                    for axis, position in enumerate(positions):
-                        source_shape[position] = meta_of(source).shape[axis]
-                        unit_index[position] = index_shape[axis]
-                    source = call_with_value(graph.graph, aten.view.default, (source, source_shape))
-                    shape, index_shape, dim = wide, unit_index, positions[dim]
+            unit = _unit_insert(replaced) if permuted is not None or index.dim() == 1 else None
+            if unit is not None:        # size-1 axes inserted after it: the gather is made in that shape
+                replaced, positions = unit
+                unit_shape = list(meta_of(replaced).shape)
+                source_shape, unit_index = [1] * len(unit_shape), [1] * len(unit_shape)
+                for axis, position in enumerate(positions):
+                    source_shape[position] = meta_of(source).shape[axis]
+                    unit_index[position] = index_shape[axis]
+                source = call_with_value(graph.graph, aten.view.default, (source, source_shape))
+                shape, index_shape, dim = unit_shape, unit_index, positions[dim]
             shaped = call_with_value(graph.graph, aten.reshape.default, (idx, index_shape))
             negative = call_with_value(graph.graph, aten.lt.Scalar, (shaped, 0))
             wrapped = call_with_value(graph.graph, aten.add.Tensor, (shaped, size))

@@ -58,6 +58,17 @@ def aligned(value: torch.Tensor) -> bool:
     return stride[-1] == 1 and all(isinstance(step, int) and step == 0 or _multiple(step) for step in stride[:-1])
 
 
+def aligned_copy(value: torch.Tensor) -> torch.Tensor:
+    """``value`` in the aligned layout, made eagerly the way :func:`align_extern_inputs` makes it
+    in a graph (broadcast axes kept broadcast, the last axis padded and sliced back)."""
+    base = value
+    for dim, (size, step) in enumerate(zip(value.shape, value.stride())):
+        if step == 0 and size != 1:
+            base = base.narrow(dim, 0, 1)
+    last = value.shape[-1]
+    return torch.nn.functional.pad(base, (0, -last % ALIGNMENT))[..., :last].expand(value.shape)
+
+
 def _size(graph: torch.fx.Graph, source: torch.fx.Node, value: torch.Tensor, dim: int) -> int | torch.fx.Node:
     """Axis ``dim`` of ``source``: an int, or a node reading a symbolic size from the tensor."""
     size = value.shape[dim]

@@ -167,9 +167,10 @@ def analyze(group: FusedGroup) -> LoopNest:
     pinned = {a for a in ramp_axes.values() if a is not None}
     pinned |= {axis for _, bounds, _ in padded.values() for axis, _, _ in bounds}
     elementwise = not reduced and not any(packet_name(n.target) in REDUCTIONS for n in nodes)
-    order = _memory_order(raw_outputs[0][1]) if elementwise and raw_outputs else None
-    if reduced and not elementwise:
+    if reduced:
         order = _reduced_memory_order(list(raw_loads.values()), reduced, len(domain))
+    else:
+        order = _memory_order(raw_outputs[0][1]) if elementwise and raw_outputs else None
     loop_sizes, red, loads, outputs, origin = _merge_axes(list(domain), reduced, raw_loads, raw_outputs, pinned,
                                                           order)
     ramps = {}
