@@ -74,6 +74,9 @@ class CaptureOptions:
             "{input_ids: [0]} with dynamic: false keeps every other size static, so a plan can say \"batch is "
             "dynamic, hidden size is not\". Sizes 0 and 1 still specialize, as Dynamo does.",
         check=_check_dims)
+    unknown_dynamic_dims: Literal["error", "ignore"] = option(
+        "error", "dynamo only: a dynamic_dims name the forward has no parameter for: error, or ignore (a plan "
+                 "written for several models, such as llm-serving's Hugging Face input names).")
     data_dependent: bool = option(
         False, "dynamo only: capture .item() and operators whose output shape depends on the data (nonzero, "
                "unique, masked_select...) with unbacked sizes instead of breaking the graph (Dynamo's "
@@ -118,7 +121,7 @@ class Capture(CapturePass):
 
     name = "capture"
     Options = CaptureOptions
-    version = "9"
+    version = "10"
     provides = frozenset({"captured"})
 
     def capture(self, fn: Callable, compile_graph: GraphCompiler, context: CaptureContext) -> Callable:
@@ -210,7 +213,7 @@ class Capture(CapturePass):
             direct = compat.DirectCall(target, backend, allowed=context.without_graph_breaks)
             context.expose("direct_calls", direct)
 
-        mark = _dim_marker(fn, opts.dynamic_dims) if opts.dynamic_dims else None
+        mark = _dim_marker(fn, opts.dynamic_dims, opts.unknown_dynamic_dims) if opts.dynamic_dims else None
         stored = None
         if opts.precompile and (opts.regions or sharded):
             warnings.warn("pipeline: capture.precompile is not applied with regional compilation (capture.regions "
@@ -293,9 +296,10 @@ class Capture(CapturePass):
         return run
 
 
-def _dim_marker(fn: Callable, dims: dict[str, list[int]]) -> Callable[[tuple, dict], None]:
+def _dim_marker(fn: Callable, dims: dict[str, list[int]], unknown: str = "error") -> Callable[[tuple, dict], None]:
     """``mark(args, kwargs)``: Dynamo's maybe_mark_dynamic on the declared dims of the call's
-    tensors, found by parameter name in ``fn``'s signature (a module's forward) or by position."""
+    tensors, found by parameter name in ``fn``'s signature (a module's forward) or by position;
+    a name the signature lacks is an error unless ``unknown`` is ``"ignore"``."""
     signature = inspect.signature(fn.forward if isinstance(fn, torch.nn.Module) else fn)
     names = [p.name for p in signature.parameters.values()
              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
@@ -305,7 +309,7 @@ def _dim_marker(fn: Callable, dims: dict[str, list[int]]) -> Callable[[tuple, di
             where.append((int(key), None, marked))
         elif key in signature.parameters:
             where.append((names.index(key) if key in names else None, key, marked))
-        else:
+        elif unknown != "ignore":
             owner = getattr(fn, "__name__", type(fn).__name__)
             raise PipelineError(f"capture.dynamic_dims: {key!r} is not a parameter of {owner}"
                                 f"{did_you_mean(key, list(signature.parameters))}")

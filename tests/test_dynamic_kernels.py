@@ -295,3 +295,15 @@ def test_dynamic_dims_naming_no_parameter_is_an_error_naming_the_valid_ones():
     plan = {"extends": "default", "options": {"capture": {"dynamic_dims": {"y": [0]}}}}
     with pytest.raises(Exception, match="'y' is not a parameter of MLP.*x"):
         compile_with_plan(MLP(), plan)(torch.randn(2, 32))
+
+
+def test_dynamic_dims_naming_no_parameter_can_be_ignored_for_plans_meant_for_several_models():
+    """llm-serving names Hugging Face inputs; a model without them compiles with static sizes."""
+    plan = {"extends": "default", "options": {"capture": {"dynamic_dims": {"input_ids": [0, 1]},
+                                                          "unknown_dynamic_dims": "ignore"}}}
+    model = MLP()
+    compiled = compile_with_plan(model, plan)
+    for batch in (2, 3):
+        x = torch.randn(batch, 32)
+        assert compare(model(x), compiled(x)) is None
+    assert not compilation_of(compiled).graphs[0].metrics.get("size_specializations")

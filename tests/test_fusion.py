@@ -495,6 +495,19 @@ def test_a_fill_read_by_two_kernels_is_computed_inside_each():
     assert not any("full" in op or "scalar_tensor" in op for op in record.contents["extern_calls"])
 
 
+def test_a_scalar_computed_from_a_0d_input_is_computed_inside_each_kernel_reading_it():
+    """A dynamic graph passes a model's float as a 0-d input; what the graph computes from it
+    alone (``sqrt(scale)``) is computed by each kernel that reads it, not by a kernel of its own."""
+    def f(x, w, scale):
+        root = torch.sqrt(scale * 2)
+        return torch.relu(x * root) @ w * root
+
+    x, w, scale = torch.randn(8, 16), torch.randn(16, 4), torch.tensor(0.7)
+    record = compiled_record(f, x, w, scale)
+    assert record.kernels == 2
+    assert "fill(s), ramp(s) or index expression(s) copied" in " ".join(n["message"] for n in record.notes)
+
+
 def bias_gradients(dy1, dy2, x):
     """Two column sums of unrelated tensors (a backward's bias gradients) and a row sum."""
     return dy1.sum(0), (dy2 * 2).sum(0), x.sum(1)

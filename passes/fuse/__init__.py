@@ -30,7 +30,8 @@ from passes.kernel_ir.groups import FusedGroup, end_padding, input_padding, meta
 from passes.kernel_ir import rules
 from passes.kernel_ir.extern_layouts import align_extern_inputs
 
-from .canonicalize import FUSION_DECOMPOSITIONS, fold_lone_sources, split_shared_sources, without_conv_bias
+from .canonicalize import (FUSION_DECOMPOSITIONS, drop_identity_copies, fold_lone_sources, split_shared_sources,
+                           without_conv_bias)
 from .choices import FusionChoices
 from .dependencies import Dependencies
 from .legality import (Group, can_grow, classify, creates_cycle, independent_merge_problem, input_pad_problem,
@@ -107,6 +108,10 @@ class FuseOptions:
         ["cuda"], "Devices on which a convolution's bias is added by the kernel that reads the convolution "
                   "(the convolution runs without it): ATen's CUDA convolution adds a bias in a kernel of its "
                   "own. On the CPU, oneDNN adds it inside the convolution.", check=device_types)
+    drop_identity_copies: bool = option(True, "Drop copies (clone, contiguous) that keep their input's layout "
+                                              "when nothing can tell them apart: the input is computed by the "
+                                              "graph and the copy is not returned (see "
+                                              "passes/fuse/canonicalize.py).")
     max_notes: int = option(50, "Most rejected-fusion reasons recorded per graph in the report.",
                             check=positive)
 
@@ -116,7 +121,7 @@ class Fuse(Pass):
 
     name = "fuse"
     Options = FuseOptions
-    version = "34"
+    version = "35"
     cache_material = rules.cache_material   # rules a plugin adds or replaces change the output
     requires = frozenset({"functional", "aten"})
     provides = frozenset({"fused"})
@@ -186,6 +191,11 @@ class Fuse(Pass):
                     graph = compat.retrace(graph, context.example_inputs)
         graph.graph.eliminate_dead_code()  # unused outputs of rewritten reductions never become kernels
         graph.recompile()
+        if self.options.drop_identity_copies:
+            with compat.guards_suppressed(context.example_inputs):
+                dropped = drop_identity_copies(graph)
+            if dropped:
+                context.note(f"{dropped} copy(ies) of an unchanged layout dropped", topic="fusion")
         copies = split_shared_sources(graph, lambda user: classify(user)[0] not in (None, "reshape"),
                                       lambda node: classify(node)[0] in ("pointwise", "reshape"))
         if copies:

@@ -234,23 +234,27 @@ MAX_COPIED_EXPRESSION = 8   # most nodes of an index expression copied into each
 
 def split_shared_sources(graph, fusable, elementwise=lambda node: False) -> int:
     """Give every fusable user of a fill, an index ramp, or an *index expression* (elementwise
-    work or views computed from those alone, at most ``MAX_COPIED_EXPRESSION`` nodes: a cat's
-    ``iota < offset`` masks) its own copy of it, so each consumer's kernel computes the value in
+    work or views computed from those and 0-d graph inputs alone, at most
+    ``MAX_COPIED_EXPRESSION`` nodes: a cat's ``iota < offset`` masks, or the scalar a dynamic
+    graph computes from a float Dynamo passes as an input) its own copy of it, so each consumer's kernel computes the value in
     registers instead of one user's kernel absorbing it and the others reading it from memory, or
     a kernel or an ATen call making it on the device every call. Users that cannot fuse share the
     original. ``fusable(node)`` says whether a user can fuse; ``elementwise(node)`` whether a node
     is elementwise work or a view (it may be part of an index expression). Returns the number of
     copies made (of whole expressions)."""
-    from passes.kernel_ir.groups import SOURCES, packet_name
+    from passes.kernel_ir.groups import SOURCES, meta_of, packet_name
     nodes = list(graph.graph.nodes)
     size: dict = {}     # index expression -> its node count (sources: 1)
+    scalars = {n for n in nodes if n.op == "placeholder" and isinstance(meta_of(n), torch.Tensor)
+               and meta_of(n).dim() == 0}      # read by an expression, never copied
     for node in nodes:
         if node.op != "call_function":
             continue
         if packet_name(node.target) in SOURCES and not node.all_input_nodes:
             size[node] = 1
-        elif node.all_input_nodes and elementwise(node) and all(a in size for a in node.all_input_nodes):
-            total = 1 + sum(size[a] for a in set(node.all_input_nodes))
+        elif node.all_input_nodes and elementwise(node) \
+                and all(a in size or a in scalars for a in node.all_input_nodes):
+            total = 1 + sum(size.get(a, 0) for a in set(node.all_input_nodes))
             if total <= MAX_COPIED_EXPRESSION:
                 size[node] = total
     made = 0
@@ -328,3 +332,48 @@ def fold_lone_sources(graph) -> int:
     if folded:
         graph.recompile()
     return folded
+
+
+def drop_identity_copies(graph) -> int:
+    """Replace ``clone(x)`` by ``x`` where the copy has ``x``'s shape, strides and dtype and
+    nothing can tell the two apart: ``x`` is computed by the graph (neither an input nor a view of
+    one, which the caller owns) and the copy is not returned (the caller may write into what it
+    gets). Models write such copies (``.contiguous()`` of a tensor that already is, ``.clone()``
+    before an in-place op that functionalization removed); as kernels they would read and write
+    the tensor once more. Returns the number dropped."""
+    from pipeline.compat import same_sizes
+    from passes.kernel_ir.groups import meta_of
+    output = next(n for n in graph.graph.nodes if n.op == "output")
+    returned = set(output.all_input_nodes)
+    dropped = 0
+    for node in list(graph.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.clone.default or node in returned:
+            continue
+        source = node.args[0]
+        if not isinstance(source, torch.fx.Node) or _input_based(source):
+            continue
+        before, after = meta_of(source), meta_of(node)
+        if not (isinstance(before, torch.Tensor) and isinstance(after, torch.Tensor)) \
+                or before.dtype != after.dtype or before.device != after.device \
+                or not same_sizes(before.shape, after.shape) or not same_sizes(before.stride(), after.stride()):
+            continue
+        node.replace_all_uses_with(source)
+        graph.graph.erase_node(node)
+        dropped += 1
+    if dropped:
+        graph.recompile()
+    return dropped
+
+
+def _input_based(node: torch.fx.Node) -> bool:
+    """True when ``node`` is a graph input or a constant, or a view of one (through any chain of
+    single-input views)."""
+    while node.op == "call_function" and node.target in _ALIASING and isinstance(node.args[0], torch.fx.Node):
+        node = node.args[0]
+    return node.op in ("placeholder", "get_attr")
+
+
+_ALIASING = (aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.permute.default,
+             aten.expand.default, aten.slice.Tensor, aten.select.int, aten.unsqueeze.default,
+             aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.transpose.int, aten.t.default,
+             aten.as_strided.default, aten.alias.default, aten.diagonal.default, aten.unfold.default)
