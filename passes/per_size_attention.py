@@ -15,6 +15,7 @@ operator needs, made once per mask).
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -65,8 +66,14 @@ class PerSizeMaskAttention:
         self.align = op in ALIGNED_INPUTS
         self.forms = dict.fromkeys(FORMS, 0)
         self.__name__ = f"per_size_mask_{op._schema.name.split('::')[-1]}"
+        # (mask, queries, keys, the call made for them) of the last call: calls at one size pass
+        # the same mask, and then only compare. Keeps that one mask alive until the next size.
+        self.last: tuple = (None, None, None, None)
 
     def __call__(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor) -> Any:
+        last = self.last
+        if mask is last[0] and query.shape[-2] == last[1] and key.shape[-2] == last[2]:
+            return last[3](query, key, value)
         if compat.tracing_now():        # a pass re-tracing the graph keeps this one call
             return compat.traced_as_one_call(self, (query, key, value, mask),
                                              lambda: self._call(query, key, value, mask, False))
@@ -80,9 +87,10 @@ class PerSizeMaskAttention:
             known = self._classify(query, key, mask)
             self.known.setdefault(mask, {})[shape] = known
         form, copy = known
-        if form == "mask":
-            return self._call(query, key, value, mask if copy is None else copy, False)
-        return self._call(query, key, value, None, form == "causal")
+        passed = (mask if copy is None else copy) if form == "mask" else None
+        call = functools.partial(self.op, **self.calls[form == "causal"], **{self.mask_name: passed})
+        self.last = (mask, shape[0], shape[1], call)
+        return call(query, key, value)
 
     def _classify(self, query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor) -> tuple:
         """``(form, aligned copy or None)``; never the mask itself, which would keep its entry alive."""

@@ -377,3 +377,44 @@ _ALIASING = (aten.view.default, aten._unsafe_view.default, aten.reshape.default,
              aten.expand.default, aten.slice.Tensor, aten.select.int, aten.unsqueeze.default,
              aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.transpose.int, aten.t.default,
              aten.as_strided.default, aten.alias.default, aten.diagonal.default, aten.unfold.default)
+
+
+def symbolic_unit_views(graph) -> int:
+    """Spell a view of symbolic sizes that only inserts or drops size-1 axes (``view(x, [1, s0,
+    64])`` of an ``[s0, 64]`` matmul result) as ``squeeze``/``unsqueeze`` by position: the view's
+    size arguments are values computed in the graph, which a kernel cannot take, while the
+    unsqueeze joins the kernel reading it as an access pattern, as a static view does (no view
+    made by the host code). Returns the number rewritten."""
+    from pipeline.compat import known_equal
+    from passes.kernel_ir.groups import meta_of
+    from passes.kernel_ir.nodes import call_with_value
+    rewritten = 0
+    for node in list(graph.graph.nodes):
+        if node.op != "call_function" or node.target not in _SHAPED_VIEWS or len(node.args) < 2 \
+                or not isinstance(node.args[0], torch.fx.Node) \
+                or not any(isinstance(a, torch.fx.Node) for a in torch.utils._pytree.tree_leaves(node.args[1])):
+            continue
+        before, after = meta_of(node.args[0]), meta_of(node)
+        if not (isinstance(before, torch.Tensor) and isinstance(after, torch.Tensor)):
+            continue
+        units_in = [d for d, s in enumerate(before.shape) if type(s) is int and s == 1]
+        units_out = [d for d, s in enumerate(after.shape) if type(s) is int and s == 1]
+        kept_in = [s for d, s in enumerate(before.shape) if d not in units_in]
+        kept_out = [s for d, s in enumerate(after.shape) if d not in units_out]
+        if len(kept_in) != len(kept_out) or not all(known_equal(a, b) for a, b in zip(kept_in, kept_out)):
+            continue
+        with graph.graph.inserting_before(node):
+            value = node.args[0]
+            if units_in:
+                value = call_with_value(graph.graph, aten.squeeze.dims, (value, units_in))
+            for position in units_out:
+                value = call_with_value(graph.graph, aten.unsqueeze.default, (value, position))
+        node.replace_all_uses_with(value)
+        graph.graph.erase_node(node)
+        rewritten += 1
+    if rewritten:
+        graph.recompile()
+    return rewritten
+
+
+_SHAPED_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
