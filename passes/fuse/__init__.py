@@ -31,7 +31,7 @@ from passes.kernel_ir import rules
 from passes.kernel_ir.extern_layouts import align_extern_inputs
 
 from .canonicalize import (FUSION_DECOMPOSITIONS, drop_identity_copies, fold_lone_sources, split_shared_sources,
-                           symbolic_unit_views, without_conv_bias)
+                           symbolic_views, without_conv_bias)
 from .choices import FusionChoices
 from .dependencies import Dependencies
 from .legality import (Group, can_grow, classify, creates_cycle, independent_merge_problem, input_pad_problem,
@@ -121,7 +121,7 @@ class Fuse(Pass):
 
     name = "fuse"
     Options = FuseOptions
-    version = "36"
+    version = "37"
     cache_material = rules.cache_material   # rules a plugin adds or replaces change the output
     requires = frozenset({"functional", "aten"})
     provides = frozenset({"fused"})
@@ -191,10 +191,10 @@ class Fuse(Pass):
                     graph = compat.retrace(graph, context.example_inputs)
         graph.graph.eliminate_dead_code()  # unused outputs of rewritten reductions never become kernels
         graph.recompile()
-        spelled = symbolic_unit_views(graph)
+        spelled = symbolic_views(graph)
         if spelled:
-            context.note(f"{spelled} view(s) of symbolic sizes that only add or drop size-1 axes spelled as "
-                         "unsqueeze/squeeze (they join their kernels as access patterns)", topic="fusion")
+            context.note(f"{spelled} view(s) of one symbolic size written with -1 instead of a size computed in "
+                         "the graph: they join their kernels as access patterns", topic="fusion")
         if self.options.drop_identity_copies:
             with compat.guards_suppressed(context.example_inputs):
                 dropped = drop_identity_copies(graph)

@@ -379,40 +379,28 @@ _ALIASING = (aten.view.default, aten._unsafe_view.default, aten.reshape.default,
              aten.as_strided.default, aten.alias.default, aten.diagonal.default, aten.unfold.default)
 
 
-def symbolic_unit_views(graph) -> int:
-    """Spell a view of symbolic sizes that only inserts or drops size-1 axes (``view(x, [1, s0,
-    64])`` of an ``[s0, 64]`` matmul result) as ``squeeze``/``unsqueeze`` by position: the view's
-    size arguments are values computed in the graph, which a kernel cannot take, while the
-    unsqueeze joins the kernel reading it as an access pattern, as a static view does (no view
-    made by the host code). Returns the number rewritten."""
-    from pipeline.compat import known_equal
+def symbolic_views(graph) -> int:
+    """Write a view of symbolic sizes with its one symbolic size as -1 (``view(x, [1, -1, 64])`` of
+    an ``[s, 64]`` matmul result) instead of a size computed in the graph, which a kernel cannot
+    take: the view then joins the kernel reading it as an access pattern, as a static view does,
+    and the host code makes no view for it (unless the kernel would then have no input of which
+    each symbol is a whole size, see :func:`~.legality.input_reshape_problem`). Returns the
+    number rewritten."""
     from passes.kernel_ir.groups import meta_of
-    from passes.kernel_ir.nodes import call_with_value
+    from .views import _with_one_inferred
     rewritten = 0
     for node in list(graph.graph.nodes):
         if node.op != "call_function" or node.target not in _SHAPED_VIEWS or len(node.args) < 2 \
                 or not isinstance(node.args[0], torch.fx.Node) \
                 or not any(isinstance(a, torch.fx.Node) for a in torch.utils._pytree.tree_leaves(node.args[1])):
             continue
-        before, after = meta_of(node.args[0]), meta_of(node)
-        if not (isinstance(before, torch.Tensor) and isinstance(after, torch.Tensor)):
-            continue
-        units_in = [d for d, s in enumerate(before.shape) if type(s) is int and s == 1]
-        units_out = [d for d, s in enumerate(after.shape) if type(s) is int and s == 1]
-        kept_in = [s for d, s in enumerate(before.shape) if d not in units_in]
-        kept_out = [s for d, s in enumerate(after.shape) if d not in units_out]
-        if len(kept_in) != len(kept_out) or not all(known_equal(a, b) for a, b in zip(kept_in, kept_out)):
-            continue
-        with graph.graph.inserting_before(node):
-            value = node.args[0]
-            if units_in:
-                value = call_with_value(graph.graph, aten.squeeze.dims, (value, units_in))
-            for position in units_out:
-                value = call_with_value(graph.graph, aten.unsqueeze.default, (value, position))
-        node.replace_all_uses_with(value)
-        graph.graph.erase_node(node)
-        rewritten += 1
+        value = meta_of(node)
+        inferred = _with_one_inferred(list(value.shape)) if isinstance(value, torch.Tensor) else None
+        if inferred is not None:
+            node.args = (node.args[0], inferred, *node.args[2:])
+            rewritten += 1
     if rewritten:
+        graph.graph.eliminate_dead_code()       # the size nodes the views were written with
         graph.recompile()
     return rewritten
 

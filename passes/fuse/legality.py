@@ -155,10 +155,30 @@ def input_reshape_problem(group: Group, node: torch.fx.Node) -> str | None:
         return "another device or dtype"
     if reshaped.storage_offset() != value.storage_offset():
         return "the reshape moves the storage offset"
+    if unbound_symbols(group.members | {node}) - unbound_symbols(group.members):
+        return (f"the kernel would read {source.name} of sizes {tuple(value.shape)} instead of {node.name}'s, "
+                f"and no input of its would have each symbol as a whole size")
     order = {n: i for i, n in enumerate(node.graph.nodes)}
     nodes = sorted(group.nodes + [node], key=order.__getitem__)
     levels, why = group_levels(nodes, tuple(group.domain), tuple(group.reduced))
     return why if levels is None else stranded_broadcast(levels, tuple(group.domain), tuple(group.reduced))
+
+
+def unbound_symbols(members: set) -> set:
+    """The symbols of the sizes of ``members`` (a group's nodes) that no input from outside them
+    has as a whole size: a kernel of symbolic sizes reads each symbol's value from an input's
+    sizes (:func:`passes.codegen.specialize.binders`), so one without such an input runs eagerly."""
+    inputs = {a for n in members for a in n.all_input_nodes if a not in members}
+    sizes = {s.node.expr for a in inputs if isinstance(meta_of(a), torch.Tensor)
+             for s in meta_of(a).shape if isinstance(s, torch.SymInt)}
+    symbols: set = set()
+    for n in members:
+        value = meta_of(n)
+        if isinstance(value, torch.Tensor):
+            for s in value.shape:
+                if isinstance(s, torch.SymInt):
+                    symbols |= s.node.expr.free_symbols
+    return symbols - sizes
 
 
 def input_pad_problem(group: Group, node: torch.fx.Node) -> str | None:
