@@ -236,7 +236,8 @@ def split_shared_sources(graph, fusable, elementwise=lambda node: False) -> int:
     """Give every fusable user of a fill, an index ramp, or an *index expression* (elementwise
     work or views computed from those and 0-d graph inputs alone, at most
     ``MAX_COPIED_EXPRESSION`` nodes: a cat's ``iota < offset`` masks, or the scalar a dynamic
-    graph computes from a float Dynamo passes as an input) its own copy of it, so each consumer's kernel computes the value in
+    graph computes from a float Dynamo passes as an input) its own copy of it, so each
+    consumer's kernel computes the value in
     registers instead of one user's kernel absorbing it and the others reading it from memory, or
     a kernel or an ATen call making it on the device every call. Users that cannot fuse share the
     original. ``fusable(node)`` says whether a user can fuse; ``elementwise(node)`` whether a node
