@@ -31,7 +31,7 @@ from passes.kernel_ir import rules
 from passes.kernel_ir.extern_layouts import align_extern_inputs
 
 from .canonicalize import (FUSION_DECOMPOSITIONS, drop_identity_copies, fold_lone_sources, split_shared_sources,
-                           symbolic_views, without_conv_bias)
+                           without_conv_bias)
 from .choices import FusionChoices
 from .dependencies import Dependencies
 from .legality import (Group, can_grow, classify, creates_cycle, independent_merge_problem, input_pad_problem,
@@ -42,7 +42,7 @@ from .onehot import sum_one_hots
 from .pools import slices_through_pads, window_pools
 from .slices import split_elementwise
 from .unroll import unroll_reductions
-from .views import drop_leading_units, hoist_pads, hoist_permutes, move_views
+from .views import drop_leading_units, hoist_pads, hoist_permutes, move_views, symbolic_views
 
 
 def _cat_limits(limits: dict) -> str | None:

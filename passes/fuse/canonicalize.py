@@ -378,32 +378,3 @@ _ALIASING = (aten.view.default, aten._unsafe_view.default, aten.reshape.default,
              aten.expand.default, aten.slice.Tensor, aten.select.int, aten.unsqueeze.default,
              aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.transpose.int, aten.t.default,
              aten.as_strided.default, aten.alias.default, aten.diagonal.default, aten.unfold.default)
-
-
-def symbolic_views(graph) -> int:
-    """Write a view of symbolic sizes with its one symbolic size as -1 (``view(x, [1, -1, 64])`` of
-    an ``[s, 64]`` matmul result) instead of a size computed in the graph, which a kernel cannot
-    take: the view then joins the kernel reading it as an access pattern, as a static view does,
-    and the host code makes no view for it (unless the kernel would then have no input of which
-    each symbol is a whole size, see :func:`~.legality.input_reshape_problem`). Returns the
-    number rewritten."""
-    from passes.kernel_ir.groups import meta_of
-    from .views import _with_one_inferred
-    rewritten = 0
-    for node in list(graph.graph.nodes):
-        if node.op != "call_function" or node.target not in _SHAPED_VIEWS or len(node.args) < 2 \
-                or not isinstance(node.args[0], torch.fx.Node) \
-                or not any(isinstance(a, torch.fx.Node) for a in torch.utils._pytree.tree_leaves(node.args[1])):
-            continue
-        value = meta_of(node)
-        inferred = _with_one_inferred(list(value.shape)) if isinstance(value, torch.Tensor) else None
-        if inferred is not None:
-            node.args = (node.args[0], inferred, *node.args[2:])
-            rewritten += 1
-    if rewritten:
-        graph.graph.eliminate_dead_code()       # the size nodes the views were written with
-        graph.recompile()
-    return rewritten
-
-
-_SHAPED_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)

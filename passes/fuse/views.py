@@ -32,6 +32,9 @@ permute(b'))`` when ``f``'s operands come from outside kernels (``b'`` a broadca
 to the result's rank), also after the re-trace that adds convolution biases apart, so a bias joins
 the kernel that reads the convolution through a permute (ConvNeXt's layer norm over channels).
 
+A view of one symbolic size is written with -1 (:func:`symbolic_views`), so it too joins the
+kernel reading it instead of taking sizes computed in the graph.
+
 A third rewrite moves pads (:func:`hoist_pads`): ``pad(view(y))`` becomes ``view(pad(y))`` when
 the view leaves the padded trailing dims alone, so that the pad meets the kernel computing ``y``
 and becomes that kernel's padded output (:data:`passes.kernel_ir.groups.PAD`).
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import torch
 import torch.fx
+import torch.utils._pytree as pytree
 
 from pipeline import compat
 from passes.kernel_ir.groups import end_padding, meta_of, packet_name
@@ -219,6 +223,30 @@ def _as_one_view(graph: torch.fx.Graph, node: torch.fx.Node) -> int:
     if inner is not None:
         graph.erase_node(inner)
     return 1
+
+
+def symbolic_views(graph) -> int:
+    """Write a view of symbolic sizes with its one symbolic size as -1 (``view(x, [1, -1, 64])`` of
+    an ``[s, 64]`` matmul result) instead of a size computed in the graph, which a kernel cannot
+    take: the view then joins the kernel reading it as an access pattern, as a static view does,
+    and the host code makes no view for it (unless the kernel would then have no input of which
+    each symbol is a whole size, see :func:`~.legality.input_reshape_problem`). Returns the
+    number rewritten."""
+    rewritten = 0
+    for node in list(graph.graph.nodes):
+        if node.op != "call_function" or node.target not in VIEWS or len(node.args) < 2 \
+                or not isinstance(node.args[0], torch.fx.Node) \
+                or not any(isinstance(a, torch.fx.Node) for a in pytree.tree_leaves(node.args[1])):
+            continue
+        value = meta_of(node)
+        inferred = _with_one_inferred(list(value.shape)) if isinstance(value, torch.Tensor) else None
+        if inferred is not None:
+            node.args = (node.args[0], inferred, *node.args[2:])
+            rewritten += 1
+    if rewritten:
+        graph.graph.eliminate_dead_code()       # the size nodes the views were written with
+        graph.recompile()
+    return rewritten
 
 
 def _whole_slice(node: torch.fx.Node) -> bool:
