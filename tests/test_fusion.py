@@ -759,3 +759,24 @@ def test_moving_work_across_regrouping_views_preserves_semantics(n, groups, per_
 
     torch._dynamo.reset()
     compiled_record(fn, x, b)
+
+
+def test_an_input_of_a_symbolic_size_equal_to_a_static_one_where_compiled_is_not_lined_up_by_it():
+    """A ``[b, t]`` mask read by a kernel over ``[b, heads, t, t]`` through ``unsqueeze(1)`` and
+    ``unsqueeze(2)``, compiled with ``b`` symbolic at 2 and 2 heads: lining the mask up through the
+    first unsqueeze's ``[b, 1, t]`` puts ``b`` on the heads axis, equal only at the size seen. The
+    kernel reads the chain's last layout, and refuses an input whose sizes equal the domain's only
+    at the sizes seen; every later batch size matches eager."""
+    def f(scores, mask):
+        return torch.softmax(scores.masked_fill(~mask.unsqueeze(1).unsqueeze(2), float("-inf")), -1)
+
+    plan = {"extends": "cpu-inference", "options": {"fuse": {"move_views": False}, "capture": {"dynamic": True}}}
+    compiled = compile_with_plan(f, plan)
+    generator = torch.Generator().manual_seed(0)
+    for b, t in ((2, 5), (3, 6), (4, 7), (5, 5)):
+        scores = torch.randn(b, 2, t, t, generator=generator)
+        mask = torch.rand(b, t, generator=generator) > 0.4
+        mask[:, 0] = True
+        with torch.no_grad():
+            problem = compare(f(scores, mask), compiled(scores, mask), what=f"batch {b}, length {t}")
+        assert problem is None, problem

@@ -12,6 +12,8 @@ import attrs
 import torch
 import torch.fx
 
+from pipeline import compat
+
 from .nodes import gather_view, input_gather, input_padding, known_sizes, shape_of, strides_of
 from .symbolic import Decisions, active, has_dims, sizes
 from .groups import (REDUCTIONS, UNIT_RESHAPES, FusedGroup, broadcasts_to, end_padding, group_levels, iota_of,
@@ -72,10 +74,12 @@ class LoopNest:
 
 
 def _strides_for(shape: tuple, strides: tuple, consumer_shape: tuple | None, domain: tuple,
-                 reduced: tuple) -> list[int]:
+                 reduced: tuple, lined_up: bool = False) -> list[int]:
     """Element strides over the domain axes of a tensor (shape, strides) read with eager
     broadcasting by a consumer: right-aligned to the domain for full-level consumers, or to the
-    consumer's reduced shape (``consumer_shape``) for outer-level consumers."""
+    consumer's reduced shape (``consumer_shape``) for outer-level consumers. ``lined_up``: each
+    size but 1 must equal the size it lines up with for every value of the symbols (an input, not
+    a padded read or output), not only at the sizes the graph was captured with."""
     rank = len(domain)
     out = [0] * rank
     if consumer_shape is None:
@@ -91,9 +95,12 @@ def _strides_for(shape: tuple, strides: tuple, consumer_shape: tuple | None, dom
     offset = target_rank - len(shape)
     if offset < 0:
         raise UnsupportedGroup(f"cannot broadcast {shape} to rank {target_rank}")
+    target = tuple(domain) if consumer_shape is None else tuple(consumer_shape)
     for k, size in enumerate(shape):
         axis = axis_of[k + offset]
         if size != 1 and axis is not None:
+            if lined_up and not compat.known_equal(size, target[k + offset]):
+                raise UnsupportedGroup(f"an input of shape {tuple(shape)} does not line up with {target}")
             out[axis] = strides[k]
     return out
 
@@ -132,6 +139,7 @@ def analyze(group: FusedGroup) -> LoopNest:
     raw_loads: dict = {}
     padded: dict = {}       # (placeholder, pad node) -> (shift, [(domain axis, lo, hi)], fill)
     gathered: dict = {}     # (placeholder, gather node) -> stride of the gathered dim
+    members = set(nodes)
     for node in nodes:
         reads_full = packet_name(node.target) in REDUCTIONS or level[node] == "full"
         consumer_shape = None if reads_full else shape_of(node)
@@ -142,8 +150,11 @@ def analyze(group: FusedGroup) -> LoopNest:
             if not isinstance(value, torch.Tensor):
                 raise UnsupportedGroup(f"input {arg.name} is not a tensor")
             # A unit reshape of an input (fuse moves reshapes of kernel inputs into the group) reads
-            # the input through the reshape's layout: a view of the same storage at the same offset.
-            view = node if packet_name(node.target) in UNIT_RESHAPES else arg
+            # the input through the reshape's layout: a view of the same storage at the same offset;
+            # through a chain of them, the last one's (the others only pass the value on).
+            view = _last_reshape(node, members) if packet_name(node.target) in UNIT_RESHAPES else arg
+            if view is not node and not reads_full:
+                consumer_shape = shape_of(view)
             shape, strides = shape_of(view), strides_of(view)
             gather = input_gather(node) if arg is node.args[0] else None
             if gather is not None:
@@ -151,8 +162,9 @@ def analyze(group: FusedGroup) -> LoopNest:
                 gathered[(arg, node)] = gather[1]
             if not (known_sizes(shape) and known_sizes(strides)):
                 raise UnsupportedGroup(f"input {arg.name} has dynamic shape or strides")
-            raw_loads[(arg, node)] = _strides_for(shape, strides, consumer_shape, domain, reduced)
             padding = input_padding(node)
+            raw_loads[(arg, node)] = _strides_for(shape, strides, consumer_shape, domain, reduced,
+                                                  lined_up=padding is None)
             if padding is not None:
                 padded[(arg, node)] = _padded_read(padding, shape, raw_loads[(arg, node)], domain)
     raw_outputs = []
@@ -186,6 +198,18 @@ def analyze(group: FusedGroup) -> LoopNest:
                     pass_of=pass_of, loads=accesses,
                     outputs=[(n, Access(tuple(s))) for n, s in outputs], passes=passes, ramps=ramps,
                     decisions=active() if has_dims((loop_sizes, list(loads.values()), outputs)) else None)
+
+
+def _last_reshape(node: torch.fx.Node, members: set) -> torch.fx.Node:
+    """The last of the chain of unit reshapes in ``members`` that starts at ``node``, each the only
+    reader of the one before (``unsqueeze(unsqueeze(mask, 1), 2)``: read as the second's layout,
+    since the first's ``[b, 1, t]`` would line up with the domain's trailing axes wrongly)."""
+    while len(node.users) == 1:
+        user = next(iter(node.users))
+        if user not in members or packet_name(user.target) not in UNIT_RESHAPES or user.args[0] is not node:
+            break
+        node = user
+    return node
 
 
 def _padded_read(padding: tuple, shape: tuple, strides: list, domain: tuple) -> tuple[int, list, object]:
