@@ -16,7 +16,7 @@ operator needs, made once per mask).
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.fx
@@ -76,19 +76,18 @@ class PerSizeMaskAttention:
             return last[3](query, key, value)
         if compat.tracing_now():        # a pass re-tracing the graph keeps this one call
             return compat.traced_as_one_call(self, (query, key, value, mask),
-                                             lambda: self._call(query, key, value, mask, False))
+                                             lambda: self._bound(mask, False)(query, key, value))
         by_shape = self.known.get(mask)
         shape = (query.shape[-2], key.shape[-2], self.align)
         known = by_shape.get(shape) if by_shape is not None else None
         if known is None:
             if compat.is_fake(mask) or compat.capturing_cuda_graph():   # no look at the values here
                 copy = self._copy(mask)
-                return self._call(query, key, value, mask if copy is None else copy, False)
+                return self._bound(mask if copy is None else copy, False)(query, key, value)
             known = self._classify(query, key, mask)
             self.known.setdefault(mask, {})[shape] = known
         form, copy = known
-        passed = (mask if copy is None else copy) if form == "mask" else None
-        call = functools.partial(self.op, **self.calls[form == "causal"], **{self.mask_name: passed})
+        call = self._bound((mask if copy is None else copy) if form == "mask" else None, form == "causal")
         self.last = (mask, shape[0], shape[1], call)
         return call(query, key, value)
 
@@ -104,9 +103,10 @@ class PerSizeMaskAttention:
         """The mask's aligned copy where the operator needs one it lacks, else None."""
         return aligned_copy(mask) if self.align and mask.dim() and not aligned(mask) else None
 
-    def _call(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-              causal: bool) -> Any:
-        return self.op(query, key, value, **self.calls[causal], **{self.mask_name: mask})
+    def _bound(self, mask: torch.Tensor | None, causal: bool) -> Callable:
+        """The operator with every argument but ``query, key, value`` bound: ``mask`` (or none) and
+        ``is_causal``."""
+        return functools.partial(self.op, **self.calls[causal], **{self.mask_name: mask})
 
     def __repr__(self) -> str:
         return f"PerSizeMaskAttention({self.op}, {self.forms})"

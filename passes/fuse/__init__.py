@@ -196,8 +196,7 @@ class Fuse(Pass):
             context.note(f"{spelled} view(s) of one symbolic size written with -1 instead of a size computed in "
                          "the graph: they join their kernels as access patterns", topic="fusion")
         if self.options.drop_identity_copies:
-            with compat.guards_suppressed(context.example_inputs):
-                dropped = drop_identity_copies(graph)
+            dropped = drop_identity_copies(graph)       # (sizes compared without guarding on them)
             if dropped:
                 context.note(f"{dropped} copy(ies) of an unchanged layout dropped", topic="fusion")
         copies = split_shared_sources(graph, lambda user: classify(user)[0] not in (None, "reshape"),

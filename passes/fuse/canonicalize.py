@@ -368,13 +368,9 @@ def drop_identity_copies(graph) -> int:
 
 def _input_based(node: torch.fx.Node) -> bool:
     """True when ``node`` is a graph input or a constant, or a view of one (through any chain of
-    single-input views)."""
-    while node.op == "call_function" and node.target in _ALIASING and isinstance(node.args[0], torch.fx.Node):
+    operators whose result aliases their first argument)."""
+    from pipeline.compat import is_view_op
+    while node.op == "call_function" and (is_view_op(node.target) or node.target is aten._unsafe_view.default) \
+            and isinstance(node.args[0], torch.fx.Node):
         node = node.args[0]
     return node.op in ("placeholder", "get_attr")
-
-
-_ALIASING = (aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.permute.default,
-             aten.expand.default, aten.slice.Tensor, aten.select.int, aten.unsqueeze.default,
-             aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.transpose.int, aten.t.default,
-             aten.as_strided.default, aten.alias.default, aten.diagonal.default, aten.unfold.default)
